@@ -1,0 +1,294 @@
+"""`osa-memory`: the command line of haystack-osa-memory (typer + rich).
+
+Errors print one line (what, why, what to do) to stderr and exit with status 1 (2 for usage).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from haystack_osa_memory.caller import Caller
+from haystack_osa_memory.config import MemoryConfig
+from haystack_osa_memory.errors import OsaMemoryError
+
+app = typer.Typer(
+    name="osa-memory",
+    help="Assignment-scoped agent memory in your Haystack + pgvector knowledge base, served over MCP.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+token_app = typer.Typer(help="Create, list and revoke access tokens (each bound to one org and assignment).",
+                        no_args_is_help=True)
+app.add_typer(token_app, name="token")
+
+out = Console()
+err = Console(stderr=True)
+
+DataDir = Annotated[
+    Path | None,
+    typer.Option("--data-dir", help="Embedded database folder (OSA_MEMORY_DATA_DIR); ignored when PG_CONN_STR is set."),
+]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+def _fail(message: str) -> NoReturn:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(1)
+
+
+def _config(data_dir: Path | None) -> MemoryConfig:
+    if data_dir is not None:
+        os.environ["OSA_MEMORY_DATA_DIR"] = str(data_dir)
+    try:
+        return MemoryConfig.from_env()
+    except OsaMemoryError as e:
+        _fail(str(e))
+
+
+def _connect(config: MemoryConfig) -> str:
+    from haystack_osa_memory.database import resolve_connection_string
+    from haystack_osa_memory.store.schema import ensure_schema
+
+    try:
+        conn = resolve_connection_string(config)
+        ensure_schema(conn, config)
+    except OsaMemoryError as e:
+        _fail(f"{e} (check PG_CONN_STR, or unset it to use the embedded database)")
+    except Exception as e:
+        _fail(f"could not start or reach the database: {type(e).__name__}: {e}")
+    return conn
+
+
+def _emit(data: Any, as_json: bool) -> None:
+    if as_json:
+        out.print_json(json.dumps(data, default=str))
+
+
+@app.command()
+def init(data_dir: DataDir = None, as_json: JsonFlag = False) -> None:
+    """Create or upgrade the schema (idempotent) and print what was done."""
+    from haystack_osa_memory.database import resolve_connection_string
+    from haystack_osa_memory.store.schema import ensure_schema
+
+    config = _config(data_dir)
+    try:
+        report = ensure_schema(resolve_connection_string(config), config)
+    except OsaMemoryError as e:
+        _fail(str(e))
+    if as_json:
+        _emit(report.as_dict(), True)
+        return
+    for name in report.created:
+        out.print(f"created  {name}")
+    for name in report.existing:
+        out.print(f"kept     {name}")
+    out.print(f"schema version {report.version_before} -> {report.version_after}")
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.", min=1, max=65535)] = 1417,
+    pipelines_dir: Annotated[Path | None, typer.Option(help="Folder of pipeline wrappers (default: ours).")] = None,
+    data_dir: DataDir = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Serve the memory tools over MCP (streamable HTTP at /mcp) behind bearer-token auth."""
+    import uvicorn
+
+    from haystack_osa_memory.serve import create_app
+    from haystack_osa_memory.store.tokens import TokenStore
+
+    config = _config(data_dir)
+    conn = _connect(config)
+    tokens = TokenStore(conn, config)
+    try:
+        asgi = create_app(tokens.verify, pipelines_dir)
+    except Exception as e:
+        _fail(f"the MCP tools could not be loaded: {type(e).__name__}: {e}")
+    where = "PG_CONN_STR" if config.pg_conn_str else f"embedded PostgreSQL in {config.data_dir}"
+    err.print(f"osa-memory MCP server on http://{host}:{port}/mcp (data: {where})", highlight=False)
+    uvicorn.run(asgi, host=host, port=port, log_level=log_level)
+
+
+@token_app.command("create")
+def token_create(
+    org: Annotated[str, typer.Option("--org", help="Org the token acts for.")],
+    assignment: Annotated[str, typer.Option("--assignment", help="Assignment whose memory the token uses.")],
+    specialist: Annotated[str | None, typer.Option("--specialist", help="Specialist id, recorded on facts.")] = None,
+    expires_in: Annotated[str | None, typer.Option("--expires-in", help="Lifetime such as 30m, 8h, 7d.")] = None,
+    data_dir: DataDir = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Create a token; it is printed once (only its hash is stored)."""
+    from haystack_osa_memory.store.tokens import TokenStore, parse_duration
+
+    config = _config(data_dir)
+    try:
+        lifetime = parse_duration(expires_in) if expires_in else None
+        issued = TokenStore(_connect(config), config).create(
+            org_id=org, assignment_id=assignment, specialist_id=specialist, expires_in=lifetime
+        )
+    except OsaMemoryError as e:
+        _fail(str(e))
+    data = {
+        "token_id": issued.token_id,
+        "token": issued.token,
+        "org": org,
+        "assignment": assignment,
+        "specialist": specialist,
+        "expires_at": issued.expires_at.isoformat() if issued.expires_at else None,
+    }
+    if as_json:
+        _emit(data, True)
+        return
+    out.print(issued.token, highlight=False, soft_wrap=True)
+    err.print(
+        f"token id {issued.token_id} for org {org}, assignment {assignment}"
+        f"{', expires ' + data['expires_at'] if data['expires_at'] else ', no expiry'}. "
+        "Store it now: it is not shown again.",
+        highlight=False,
+    )
+
+
+@token_app.command("revoke")
+def token_revoke(
+    token_id: Annotated[str, typer.Argument(help="The token id printed by `token create`.")],
+    data_dir: DataDir = None,
+) -> None:
+    """Revoke a token: from now on it gets HTTP 401."""
+    from haystack_osa_memory.store.tokens import TokenStore
+
+    config = _config(data_dir)
+    try:
+        found = TokenStore(_connect(config), config).revoke(token_id)
+    except OsaMemoryError as e:
+        _fail(str(e))
+    if not found:
+        _fail(f"no token with id {token_id}: list them with `osa-memory token list`")
+    out.print(f"revoked {token_id}")
+
+
+@token_app.command("list")
+def token_list(data_dir: DataDir = None, as_json: JsonFlag = False) -> None:
+    """List tokens (ids, scopes, expiry; never secrets)."""
+    from haystack_osa_memory.store.tokens import TokenStore
+
+    config = _config(data_dir)
+    try:
+        rows = TokenStore(_connect(config), config).list()
+    except OsaMemoryError as e:
+        _fail(str(e))
+    if as_json:
+        _emit(rows, True)
+        return
+    table = Table("token id", "org", "assignment", "specialist", "expires", "revoked")
+    for r in rows:
+        table.add_row(r["token_id"], r["org_id"], r["assignment_id"], r["specialist_id"] or "",
+                      str(r["expires_at"] or ""), str(r["revoked_at"] or ""))
+    out.print(table)
+
+
+def _memory(config: MemoryConfig) -> Any:
+    from haystack_osa_memory.memory import Memory
+
+    _connect(config)
+    return Memory(config)
+
+
+@app.command()
+def store(
+    fact: Annotated[str, typer.Argument(help="The fact, 1 to 2000 characters.")],
+    org: Annotated[str, typer.Option("--org")],
+    assignment: Annotated[str, typer.Option("--assignment")],
+    topic: Annotated[str | None, typer.Option("--topic")] = None,
+    specialist: Annotated[str | None, typer.Option("--specialist")] = None,
+    data_dir: DataDir = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Store a fact in an assignment's memory (operator access: no token needed)."""
+    config = _config(data_dir)
+    try:
+        caller = Caller(org_id=org, assignment_id=assignment, specialist_id=specialist)
+        result = _memory(config).store(fact, topic, caller=caller)
+    except OsaMemoryError as e:
+        _fail(str(e))
+    if as_json:
+        _emit(result, True)
+    else:
+        out.print(f"stored {result['document_id']} in {result['assignment_id']}")
+
+
+@app.command()
+def recall(
+    query: Annotated[str, typer.Argument(help="What to recall, 1 to 1000 characters.")],
+    org: Annotated[str, typer.Option("--org")],
+    assignment: Annotated[str, typer.Option("--assignment")],
+    limit: Annotated[int, typer.Option("--limit", help="1 to 20.")] = 8,
+    data_dir: DataDir = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Recall an assignment's facts, best first."""
+    config = _config(data_dir)
+    try:
+        result = _memory(config).recall(query, limit, caller=Caller(org_id=org, assignment_id=assignment))
+    except OsaMemoryError as e:
+        _fail(str(e))
+    if as_json:
+        _emit(result, True)
+        return
+    if result.get("degraded"):
+        err.print(f"degraded: {result['degraded']}", highlight=False)
+    table = Table("score", "topic", "fact", "stored at")
+    for f in result["facts"]:
+        table.add_row(f"{f['score']:.4f}", f["topic"] or "", f["content"], f["stored_at"][:19])
+    out.print(table)
+
+
+@app.command()
+def status(data_dir: DataDir = None, as_json: JsonFlag = False) -> None:
+    """Show where the data lives, the embedder, and counts."""
+    from haystack_osa_memory import __version__
+    from haystack_osa_memory.embedders import resolve_embedder_choice
+    from haystack_osa_memory.store.facts import count_facts
+
+    config = _config(data_dir)
+    conn = _connect(config)
+    try:
+        counts = count_facts(conn, config)
+    except OsaMemoryError as e:
+        _fail(str(e))
+    data = {
+        "version": __version__,
+        "database": "PG_CONN_STR" if config.pg_conn_str else f"embedded ({config.data_dir})",
+        "embedder": resolve_embedder_choice(config),
+        "chunk_table": f"{config.kb_schema}.{config.chunk_table}",
+        "governing_table": f"{config.kb_schema}.{config.governing_table}",
+        **counts,
+    }
+    if as_json:
+        _emit(data, True)
+        return
+    for key, value in data.items():
+        out.print(f"{key:>16}: {value}", highlight=False)
+
+
+def main() -> None:
+    """Entry point of the `osa-memory` script."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

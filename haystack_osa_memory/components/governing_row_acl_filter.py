@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from haystack import Document, component, default_from_dict, default_to_dict
+from haystack.utils import Secret, deserialize_secrets_inplace
+
+from haystack_osa_memory.components._kb import KnowledgeBaseSettings
+from haystack_osa_memory.errors import AclLookupError, OsaMemoryError
+from haystack_osa_memory.store.facts import FactRepository
+
+logger = logging.getLogger(__name__)
+
+
+@component
+class GoverningRowAclFilter(KnowledgeBaseSettings):
+    """Admits retrieved documents only if their governing row allows it. Fails closed.
+
+    A document is admitted when `meta["document_id"]` names a governing row whose org is the
+    caller's, whose audience is one of `audiences`, whose status is admitted and, when an
+    `assignment_id` is given, whose `metadata.assignment_id` equals it. A document without a
+    governing row is never admitted. If the governing rows cannot be read, nothing is admitted
+    and `AclLookupError` is raised.
+
+    Add it after any retriever of the team's existing customer search:
+    ```python
+    from haystack import Pipeline
+    from haystack_integrations.components.retrievers.pgvector import PgvectorKeywordRetriever
+    from haystack_integrations.document_stores.pgvector import PgvectorDocumentStore
+    from haystack_osa_memory import GoverningRowAclFilter
+
+    store = PgvectorDocumentStore(table_name="haystack_documents", embedding_dimension=384)
+    search = Pipeline()
+    search.add_component("retriever", PgvectorKeywordRetriever(document_store=store, top_k=20))
+    search.add_component("acl", GoverningRowAclFilter(audiences=["customer"]))
+    search.connect("retriever.documents", "acl.documents")
+    search.run({"retriever": {"query": "refund policy"}, "acl": {"org_id": "acme"}})
+    ```
+    """
+
+    def __init__(
+        self,
+        audiences: list[str] | None = None,
+        admitted_statuses: list[str] | None = None,
+        connection_string: Secret = Secret.from_env_var("PG_CONN_STR"),
+        kb_schema: str = "public",
+        governing_table: str = "org_documents",
+        chunk_table: str = "haystack_documents",
+        embedding_dimension: int = 384,
+        language: str = "english",
+    ) -> None:
+        """
+        :param audiences: Audiences admitted (default `["customer"]`).
+        :param admitted_statuses: Statuses admitted (default `["approved"]`).
+        :param connection_string: PostgreSQL connection string (secret; env var `PG_CONN_STR` by default).
+        :param kb_schema: Schema of the knowledge-base tables.
+        :param governing_table: Table of governing rows.
+        :param chunk_table: pgvector-haystack chunk table.
+        :param embedding_dimension: Dimension of the chunk table's embeddings.
+        :param language: PostgreSQL text-search configuration.
+        """
+        self.audiences = list(audiences) if audiences is not None else ["customer"]
+        self.admitted_statuses = list(admitted_statuses) if admitted_statuses is not None else ["approved"]
+        if not self.audiences or not self.admitted_statuses:
+            msg = "audiences and admitted_statuses must each name at least one value (an empty list admits nothing)"
+            raise ValueError(msg)
+        self._init_kb(connection_string, kb_schema, governing_table, chunk_table, embedding_dimension, language)
+        self._repo: FactRepository | None = None
+
+    def warm_up(self) -> None:
+        """Resolve the connection string (safe to call twice)."""
+        if self._repo is None:
+            self._repo = FactRepository(self._conn_str(), self._config)
+
+    def to_dict(self) -> dict[str, Any]:
+        return default_to_dict(
+            self, audiences=self.audiences, admitted_statuses=self.admitted_statuses, **self._kb_dict()
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GoverningRowAclFilter:
+        deserialize_secrets_inplace(data["init_parameters"], keys=["connection_string"])
+        return default_from_dict(cls, data)
+
+    @component.output_types(documents=list[Document], rejected=int)
+    def run(
+        self,
+        documents: list[Document],
+        org_id: str,
+        assignment_id: str | None = None,
+        audiences: list[str] | None = None,
+    ) -> dict[str, Any]:
+        """
+        :param documents: Retrieved documents; each must carry `meta["document_id"]`.
+        :param org_id: The caller's org (from trusted context).
+        :param assignment_id: When given, only this assignment's documents are admitted.
+        :param audiences: Narrow the audiences for this run (must be a subset of the configured ones).
+        :returns: `documents` admitted (order kept) and the count `rejected`.
+        :raises AclLookupError: governing rows could not be read; nothing is admitted.
+        """
+        allowed = set(self.audiences)
+        if audiences is not None:
+            allowed &= set(audiences)
+        ids = sorted({str(d.meta.get("document_id")) for d in documents if d.meta.get("document_id")})
+        try:
+            self.warm_up()
+            assert self._repo is not None
+            rows = self._repo.governing_rows(ids)
+        except OsaMemoryError as e:
+            msg = f"governing rows could not be read, no document admitted: {e}"
+            raise AclLookupError(msg) from e
+        admitted = []
+        for doc in documents:
+            row = rows.get(str(doc.meta.get("document_id")))
+            if (
+                row is not None
+                and row.org_id == org_id
+                and row.audience in allowed
+                and row.status in self.admitted_statuses
+                and (assignment_id is None or row.assignment_id == assignment_id)
+            ):
+                admitted.append(doc)
+        rejected = len(documents) - len(admitted)
+        if rejected:
+            logger.debug("governing-row ACL rejected %d of %d documents", rejected, len(documents))
+        return {"documents": admitted, "rejected": rejected}

@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from haystack import component, default_to_dict
+from haystack.core.serialization import component_from_dict, component_to_dict, import_class_by_name
+
+logger = logging.getLogger(__name__)
+
+_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="osa-memory-embed")
+
+
+@component
+class GuardedTextEmbedder:
+    """Wraps any Haystack text embedder with a time budget; on failure it degrades instead of failing.
+
+    Returns `embedding=None` and a `degraded` reason when the inner embedder cannot be warmed up,
+    raises, or takes longer than `timeout` seconds, so a recall pipeline can still answer from its
+    lexical side and say that it degraded.
+
+    Usage example:
+    ```python
+    from haystack.components.embedders import MockTextEmbedder
+    from haystack_osa_memory import GuardedTextEmbedder
+
+    embedder = GuardedTextEmbedder(embedder=MockTextEmbedder(dimension=384), timeout=2.0)
+    out = embedder.run(text="where is the staging VPN config?")
+    out["embedding"], out["degraded"]   # ([...384 floats...], None)
+    ```
+    """
+
+    def __init__(self, embedder: Any, timeout: float = 5.0) -> None:
+        """
+        :param embedder: Any Haystack component with `run(text=...) -> {"embedding": [...]}`.
+        :param timeout: Seconds the embedder may take per query.
+        """
+        if not hasattr(embedder, "run"):
+            msg = f"embedder must be a Haystack text embedder component, got {type(embedder).__name__}"
+            raise ValueError(msg)
+        if timeout <= 0:
+            msg = f"timeout must be positive seconds, got {timeout}"
+            raise ValueError(msg)
+        self.embedder = embedder
+        self.timeout = timeout
+        self._warm_error: str | None = None
+        self._warmed = False
+        self._lock = threading.Lock()
+
+    def warm_up(self) -> None:
+        """Warm up the inner embedder once; a failure is remembered as the degraded reason."""
+        with self._lock:
+            if self._warmed:
+                return
+            self._warmed = True
+            if hasattr(self.embedder, "warm_up"):
+                try:
+                    self.embedder.warm_up()
+                except Exception as e:
+                    self._warm_error = f"embedder unavailable: {type(e).__name__}: {e}"
+                    logger.warning("text embedder could not be warmed up; recall will be lexical: %s", e)
+
+    @property
+    def available(self) -> bool:
+        """False when warm-up failed."""
+        return self._warm_error is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return default_to_dict(self, embedder=component_to_dict(self.embedder, "embedder"), timeout=self.timeout)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GuardedTextEmbedder:
+        params = dict(data["init_parameters"])
+        inner = params["embedder"]
+        params["embedder"] = component_from_dict(import_class_by_name(inner["type"]), inner, "embedder")
+        return cls(**params)
+
+    @component.output_types(embedding=list[float] | None, degraded=str | None)
+    def run(self, text: str) -> dict[str, Any]:
+        """
+        :param text: The query text.
+        :returns: `embedding` (or `None`) and `degraded` (why there is no embedding, else `None`).
+        """
+        self.warm_up()
+        if self._warm_error:
+            return {"embedding": None, "degraded": self._warm_error}
+        future = _executor.submit(self.embedder.run, text=text)
+        try:
+            result = future.result(timeout=self.timeout)
+        except FutureTimeout:
+            future.cancel()
+            logger.warning("text embedder exceeded its %.2f s budget; answering lexically", self.timeout)
+            return {"embedding": None, "degraded": f"embedder exceeded its {self.timeout:.2f} s budget"}
+        except Exception as e:
+            logger.warning("text embedder failed; answering lexically: %s", e)
+            return {"embedding": None, "degraded": f"embedder failed: {type(e).__name__}: {e}"}
+        embedding = result.get("embedding") if isinstance(result, dict) else None
+        if not embedding:
+            return {"embedding": None, "degraded": "embedder returned no embedding"}
+        return {"embedding": [float(x) for x in embedding], "degraded": None}

@@ -1,0 +1,182 @@
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from haystack import Document, component, default_from_dict, default_to_dict
+from haystack.utils import Secret, deserialize_secrets_inplace
+
+from haystack_osa_memory.components._kb import KnowledgeBaseSettings
+from haystack_osa_memory.markers import check_identifier
+from haystack_osa_memory.store.facts import FACT_AUDIENCE, Candidate, FactRepository
+
+Fusion = Literal["rrf", "lexical_first"]
+_FUSIONS = ("rrf", "lexical_first")
+
+
+@component
+class ScopedMemoryRetriever(KnowledgeBaseSettings):
+    """Retrieves one assignment's facts with the governing-row scope applied inside the SQL query.
+
+    The candidate set is the caller's governing rows (org, audience `ai_internal`, admitted status,
+    `metadata.assignment_id`) joined with their chunks; lexical BM25 and, when a query embedding is
+    given, exact vector similarity both rank that set only, and the two rankings are fused
+    (reciprocal rank fusion). No post-filter after top k: nothing outside the scope can crowd the
+    assignment's facts out.
+
+    Usage example:
+    ```python
+    from haystack_osa_memory import ScopedMemoryRetriever
+
+    retriever = ScopedMemoryRetriever(top_k=8)        # PG_CONN_STR
+    docs = retriever.run(query="how do we deploy to staging?", org_id="acme", assignment_id="asg-1")["documents"]
+    ```
+    """
+
+    def __init__(
+        self,
+        top_k: int = 8,
+        candidate_k: int = 50,
+        fusion: Fusion = "rrf",
+        rrf_k: int = 60,
+        lexical_weight: float = 1.0,
+        vector_weight: float = 1.0,
+        bm25_k1: float = 1.2,
+        bm25_b: float = 0.75,
+        admitted_statuses: list[str] | None = None,
+        connection_string: Secret = Secret.from_env_var("PG_CONN_STR"),
+        kb_schema: str = "public",
+        governing_table: str = "org_documents",
+        chunk_table: str = "haystack_documents",
+        embedding_dimension: int = 384,
+        language: str = "english",
+    ) -> None:
+        """
+        :param top_k: Documents returned by default (1..100).
+        :param candidate_k: Candidates taken from each ranking before fusion (>= top_k).
+        :param fusion: `rrf` (reciprocal rank fusion) or `lexical_first` (lexical order, vector hits appended).
+        :param rrf_k: The k constant of reciprocal rank fusion.
+        :param lexical_weight: Weight of the lexical ranking in the fusion.
+        :param vector_weight: Weight of the vector ranking in the fusion.
+        :param bm25_k1: BM25 term-frequency saturation.
+        :param bm25_b: BM25 length normalisation.
+        :param admitted_statuses: Statuses admitted (default `["approved"]`).
+        :param connection_string: PostgreSQL connection string (secret; env var `PG_CONN_STR` by default).
+        :param kb_schema: Schema of the knowledge-base tables.
+        :param governing_table: Table of governing rows.
+        :param chunk_table: pgvector-haystack chunk table.
+        :param embedding_dimension: Dimension of the chunk table's embeddings.
+        :param language: PostgreSQL text-search configuration.
+        """
+        if not 1 <= top_k <= 100:
+            msg = f"top_k must be from 1 to 100, got {top_k}"
+            raise ValueError(msg)
+        if candidate_k < top_k:
+            msg = f"candidate_k must be at least top_k ({top_k}), got {candidate_k}"
+            raise ValueError(msg)
+        if fusion not in _FUSIONS:
+            msg = f"Unknown fusion '{fusion}'. Supported fusions in ScopedMemoryRetriever are: {list(_FUSIONS)}"
+            raise ValueError(msg)
+        self.top_k = top_k
+        self.candidate_k = candidate_k
+        self.fusion = fusion
+        self.rrf_k = rrf_k
+        self.lexical_weight = lexical_weight
+        self.vector_weight = vector_weight
+        self.bm25_k1 = bm25_k1
+        self.bm25_b = bm25_b
+        self.admitted_statuses = list(admitted_statuses) if admitted_statuses is not None else ["approved"]
+        self._init_kb(connection_string, kb_schema, governing_table, chunk_table, embedding_dimension, language)
+        self._repo: FactRepository | None = None
+
+    def warm_up(self) -> None:
+        """Resolve the connection string (safe to call twice)."""
+        if self._repo is None:
+            self._repo = FactRepository(self._conn_str(), self._config)
+
+    def to_dict(self) -> dict[str, Any]:
+        return default_to_dict(
+            self,
+            top_k=self.top_k,
+            candidate_k=self.candidate_k,
+            fusion=self.fusion,
+            rrf_k=self.rrf_k,
+            lexical_weight=self.lexical_weight,
+            vector_weight=self.vector_weight,
+            bm25_k1=self.bm25_k1,
+            bm25_b=self.bm25_b,
+            admitted_statuses=self.admitted_statuses,
+            **self._kb_dict(),
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ScopedMemoryRetriever:
+        deserialize_secrets_inplace(data["init_parameters"], keys=["connection_string"])
+        return default_from_dict(cls, data)
+
+    def _fuse(self, candidates: list[Candidate], hybrid: bool) -> list[tuple[Candidate, float]]:
+        if not hybrid:
+            ranked = [c for c in candidates if c.lex_rank is not None]
+            ranked.sort(key=lambda c: (c.lex_rank or 0))
+            return [(c, float(c.lex_score or 0.0)) for c in ranked]
+        if self.fusion == "lexical_first":
+            lex = sorted((c for c in candidates if c.lex_rank is not None), key=lambda c: c.lex_rank or 0)
+            vec = sorted((c for c in candidates if c.lex_rank is None), key=lambda c: c.vec_rank or 0)
+            return [(c, float(c.lex_score or 0.0)) for c in lex] + [(c, float(c.vec_score or 0.0)) for c in vec]
+        scored = []
+        for c in candidates:
+            score = 0.0
+            if c.lex_rank is not None:
+                score += self.lexical_weight / (self.rrf_k + c.lex_rank)
+            if c.vec_rank is not None:
+                score += self.vector_weight / (self.rrf_k + c.vec_rank)
+            scored.append((c, score))
+        scored.sort(key=lambda pair: (-pair[1], pair[0].document_id))
+        return scored
+
+    @component.output_types(documents=list[Document], mode=str)
+    def run(
+        self,
+        query: str,
+        org_id: str,
+        assignment_id: str,
+        query_embedding: list[float] | None = None,
+        top_k: int | None = None,
+    ) -> dict[str, Any]:
+        """
+        :param query: The recall query (lexical side).
+        :param org_id: The caller's org (from trusted context).
+        :param assignment_id: The caller's assignment (from trusted context).
+        :param query_embedding: Optional query embedding (vector side); `None` means lexical only.
+        :param top_k: Overrides the number of documents returned.
+        :returns: `documents` best first (content still carries the marker; `meta` holds `document_id`,
+            `topic`, `stored_at`, ranks) and `mode` (`lexical` or `hybrid`).
+        """
+        check_identifier(org_id, "org")
+        check_identifier(assignment_id, "assignment")
+        k = top_k or self.top_k
+        self.warm_up()
+        assert self._repo is not None
+        hybrid = query_embedding is not None
+        candidates = self._repo.scoped_candidates(
+            org_id=org_id,
+            assignment_id=assignment_id,
+            query=query,
+            embedding=query_embedding,
+            k=max(self.candidate_k, k),
+            audiences=(FACT_AUDIENCE,),
+            statuses=self.admitted_statuses,
+            k1=self.bm25_k1,
+            b=self.bm25_b,
+        )
+        documents = []
+        for cand, score in self._fuse(candidates, hybrid)[:k]:
+            meta = {
+                "document_id": cand.document_id,
+                "topic": cand.metadata.get("topic"),
+                "stored_at": cand.updated_at.isoformat(),
+                "created_at": cand.created_at.isoformat(),
+                "lexical_rank": cand.lex_rank,
+                "vector_rank": cand.vec_rank,
+            }
+            documents.append(Document(id=cand.document_id, content=cand.content, meta=meta, score=score))
+        return {"documents": documents, "mode": "hybrid" if hybrid else "lexical"}

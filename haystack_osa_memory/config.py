@@ -1,0 +1,100 @@
+"""Settings of haystack-osa-memory, read from the environment (see docs/configuration.md)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from haystack_osa_memory.errors import ConfigurationError
+from haystack_osa_memory.markers import IDENTIFIER_PATTERN
+
+EmbedderChoice = Literal["auto", "none", "minilm"]
+
+#: Environment variable -> setting name. Documented one by one in docs/configuration.md.
+ENVIRONMENT: dict[str, str] = {
+    "PG_CONN_STR": "pg_conn_str",
+    "OSA_MEMORY_DATA_DIR": "data_dir",
+    "OSA_MEMORY_KB_SCHEMA": "kb_schema",
+    "OSA_MEMORY_CHUNK_TABLE": "chunk_table",
+    "OSA_MEMORY_GOVERNING_TABLE": "governing_table",
+    "OSA_MEMORY_SCHEMA": "memory_schema",
+    "OSA_MEMORY_EMBEDDING_DIM": "embedding_dimension",
+    "OSA_MEMORY_LANGUAGE": "language",
+    "OSA_MEMORY_EMBEDDER": "embedder",
+    "OSA_MEMORY_EMBEDDER_TIMEOUT": "embedder_timeout",
+    "OSA_MEMORY_DATASET": "dataset",
+    "OSA_MEMORY_STATEMENT_TIMEOUT_MS": "statement_timeout_ms",
+    "OSA_MEMORY_POOL_TIMEOUT": "pool_timeout",
+}
+
+
+def default_data_dir() -> Path:
+    """``$XDG_DATA_HOME/osa-memory``, else ``~/.local/share/osa-memory``."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "osa-memory"
+
+
+class MemoryConfig(BaseModel):
+    """Where the knowledge base lives and how memory behaves.
+
+    Usage:
+    ```python
+    from haystack_osa_memory import MemoryConfig
+
+    config = MemoryConfig.from_env()           # PG_CONN_STR, OSA_MEMORY_* variables
+    config = MemoryConfig(chunk_table="kb_chunks", embedding_dimension=768)
+    ```
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pg_conn_str: str | None = Field(default=None, repr=False)
+    data_dir: Path = Field(default_factory=default_data_dir)
+    kb_schema: str = "public"
+    chunk_table: str = "haystack_documents"
+    governing_table: str = "org_documents"
+    memory_schema: str = "osa_memory"
+    embedding_dimension: int = Field(default=384, ge=1, le=16000)
+    language: str = "english"
+    embedder: EmbedderChoice = "auto"
+    embedder_timeout: float = Field(default=5.0, gt=0, le=120)
+    dataset: str = "osa-memory"
+    admitted_statuses: tuple[str, ...] = ("approved",)
+    statement_timeout_ms: int = Field(default=15000, ge=100, le=600000)
+    pool_timeout: float = Field(default=5.0, gt=0, le=120)
+
+    @field_validator("kb_schema", "chunk_table", "governing_table", "memory_schema", "language")
+    @classmethod
+    def _sql_name(cls, value: str) -> str:
+        if not value or len(value) > 63 or not value.replace("_", "a").isalnum() or not value.isascii():
+            msg = f"{value!r} is not allowed as a PostgreSQL name: use 1 to 63 ASCII letters, digits or '_'"
+            raise ValueError(msg)
+        return value
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, value: str) -> str:
+        if not IDENTIFIER_PATTERN.fullmatch(value):
+            msg = f"dataset {value!r} is not allowed: 1 to 128 characters from letters, digits and '._:@-'"
+            raise ValueError(msg)
+        return value
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides: object) -> MemoryConfig:
+        """Build the settings from environment variables (empty values count as unset) and overrides."""
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for variable, name in ENVIRONMENT.items():
+            raw = env.get(variable)
+            if raw:
+                values[name] = raw
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls.model_validate(values)
+        except ValidationError as e:
+            problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+            msg = f"invalid osa-memory settings: {problems}"
+            raise ConfigurationError(msg) from None

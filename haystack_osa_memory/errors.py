@@ -1,0 +1,39 @@
+"""Typed errors of haystack-osa-memory. Every message says what was wrong and what is allowed."""
+
+from __future__ import annotations
+
+
+class OsaMemoryError(Exception):
+    """Base class of every error raised by haystack-osa-memory."""
+
+
+class InvalidInputError(OsaMemoryError, ValueError):
+    """A tool or API argument is outside what is allowed; nothing was written."""
+
+
+class ConfigurationError(OsaMemoryError):
+    """A setting or environment variable has a value that is not allowed."""
+
+
+class DatabaseError(OsaMemoryError):
+    """The database could not be reached or answered with an error; the operation did not happen."""
+
+
+class SchemaError(DatabaseError):
+    """The knowledge-base tables are missing or do not have the expected shape."""
+
+
+class AclLookupError(DatabaseError):
+    """Governing rows could not be read, so no document is admitted (fail closed)."""
+
+
+class AuthenticationError(OsaMemoryError):
+    """A bearer token is missing, malformed, unknown, expired or revoked."""
+
+
+class ScopeError(OsaMemoryError):
+    """An operation ran without a trusted caller scope (org and assignment)."""
+
+
+class EmbedderError(OsaMemoryError):
+    """The configured embedder failed or exceeded its time budget."""

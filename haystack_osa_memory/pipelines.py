@@ -1,0 +1,119 @@
+"""The only place components are connected: indexing (store), recall and customer search pipelines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from haystack import Pipeline
+from haystack.utils import Secret
+
+from haystack_osa_memory.components import (
+    GovernedFactWriter,
+    GoverningRowAclFilter,
+    GuardedTextEmbedder,
+    ScopedMemoryRetriever,
+    ScopeMarkerStripper,
+    ScopeMarkerWriter,
+)
+from haystack_osa_memory.config import MemoryConfig
+from haystack_osa_memory.store.facts import FACT_AUDIENCE
+
+#: Module patterns to pass to `Pipeline.loads(..., allowed_modules=...)` for our YAML pipelines.
+ALLOWED_MODULES = ["haystack_osa_memory.*"]
+
+
+def _kb(config: MemoryConfig) -> dict[str, Any]:
+    return {
+        "connection_string": Secret.from_env_var("PG_CONN_STR"),
+        "kb_schema": config.kb_schema,
+        "governing_table": config.governing_table,
+        "chunk_table": config.chunk_table,
+        "embedding_dimension": config.embedding_dimension,
+        "language": config.language,
+    }
+
+
+def build_store_pipeline(config: MemoryConfig | None = None, document_embedder: Any | None = None) -> Pipeline:
+    """Indexing: [document embedder on the plain fact] -> ScopeMarkerWriter -> GovernedFactWriter.
+
+    Run it with ``{"mark": {"documents": [...], "org_id": ..., "assignment_id": ...}}`` (plus
+    ``{"embed": {"documents": [...]}}`` instead of ``mark.documents`` when an embedder is given).
+    """
+    cfg = config or MemoryConfig()
+    pipe = Pipeline()
+    if document_embedder is not None:
+        pipe.add_component("embed", document_embedder)
+    pipe.add_component(
+        "mark", ScopeMarkerWriter(dataset=cfg.dataset, status=cfg.admitted_statuses[0])
+    )
+    pipe.add_component("write", GovernedFactWriter(**_kb(cfg)))
+    if document_embedder is not None:
+        pipe.connect("embed.documents", "mark.documents")
+    pipe.connect("mark.documents", "write.documents")
+    pipe.connect("mark.governing_rows", "write.governing_rows")
+    return pipe
+
+
+def build_recall_pipeline(
+    config: MemoryConfig | None = None,
+    text_embedder: Any | None = None,
+    *,
+    top_k: int = 8,
+    retriever_params: dict[str, Any] | None = None,
+) -> Pipeline:
+    """Recall: [guarded text embedder] -> ScopedMemoryRetriever -> GoverningRowAclFilter -> ScopeMarkerStripper.
+
+    The retriever applies the scope in SQL; the ACL filter re-checks every governing row (defence in
+    depth, fail closed); the stripper removes the marker line.
+    """
+    cfg = config or MemoryConfig()
+    pipe = Pipeline()
+    if text_embedder is not None:
+        embedder = (
+            text_embedder
+            if isinstance(text_embedder, GuardedTextEmbedder)
+            else GuardedTextEmbedder(embedder=text_embedder, timeout=cfg.embedder_timeout)
+        )
+        pipe.add_component("embed", embedder)
+    pipe.add_component(
+        "retrieve",
+        ScopedMemoryRetriever(
+            top_k=top_k, admitted_statuses=list(cfg.admitted_statuses), **(retriever_params or {}), **_kb(cfg)
+        ),
+    )
+    pipe.add_component(
+        "acl",
+        GoverningRowAclFilter(audiences=[FACT_AUDIENCE], admitted_statuses=list(cfg.admitted_statuses), **_kb(cfg)),
+    )
+    pipe.add_component("strip", ScopeMarkerStripper())
+    if text_embedder is not None:
+        pipe.connect("embed.embedding", "retrieve.query_embedding")
+    pipe.connect("retrieve.documents", "acl.documents")
+    pipe.connect("acl.documents", "strip.documents")
+    return pipe
+
+
+def build_customer_search_pipeline(config: MemoryConfig | None = None, *, top_k: int = 10) -> Pipeline:
+    """Customer-facing search: pgvector-haystack keyword retriever -> GoverningRowAclFilter(customer).
+
+    Run it with ``{"retriever": {"query": ...}, "acl": {"org_id": ...}}``. Facts (audience
+    `ai_internal`) and chunks without a governing row never pass the filter.
+    """
+    from haystack_integrations.components.retrievers.pgvector import PgvectorKeywordRetriever
+    from haystack_integrations.document_stores.pgvector import PgvectorDocumentStore
+
+    cfg = config or MemoryConfig()
+    store = PgvectorDocumentStore(
+        connection_string=Secret.from_env_var("PG_CONN_STR"),
+        schema_name=cfg.kb_schema,
+        table_name=cfg.chunk_table,
+        embedding_dimension=cfg.embedding_dimension,
+        language=cfg.language,
+        keyword_index_name=f"{cfg.chunk_table}_keyword_index",
+        hnsw_index_name=f"{cfg.chunk_table}_hnsw_index",
+    )
+    pipe = Pipeline()
+    pipe.add_component("retriever", PgvectorKeywordRetriever(document_store=store, top_k=top_k))
+    pipe.add_component("acl", GoverningRowAclFilter(audiences=["customer"], **_kb(cfg)))
+    pipe.connect("retriever.documents", "acl.documents")
+    return pipe

@@ -1,0 +1,159 @@
+"""The MCP host: Hayhooks' MCP server over our pipelines, locked down behind bearer-token auth.
+
+What differs from `hayhooks mcp run` (see docs/security.md):
+- only the tools of our pipeline folders are listed and callable: Hayhooks' core tools
+  (`deploy_pipeline`, `undeploy_pipeline`, status tools) and any other name are refused;
+- tool arguments are validated against each tool's schema, unknown arguments refused;
+- every request to `/mcp` needs `Authorization: Bearer <token>`; the token's scope is put in a
+  context variable that the tools read (never a tool argument);
+- only streamable HTTP at `/mcp` (and an anonymous `/status`) is served: the SSE transport, whose
+  later messages would run under the stream opener's identity, is not exposed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from haystack_osa_memory.caller import Caller, caller_scope
+from haystack_osa_memory.errors import AuthenticationError, DatabaseError, InvalidInputError, OsaMemoryError
+
+logger = logging.getLogger(__name__)
+
+Verifier = Callable[[str], Caller]
+
+
+def default_pipelines_dir() -> Path:
+    """The packaged pipeline wrappers, or the repository's `pipelines/` in a source checkout."""
+    packaged = Path(__file__).parent / "_pipelines"
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parents[1] / "pipelines"
+
+
+async def _respond(send: Send, status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]] = []) -> None:  # noqa: B006
+    payload = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()), *headers],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
+
+
+class BearerAuthMiddleware:
+    """Pure ASGI middleware: verify the bearer token, run the request as its caller, or answer 401."""
+
+    def __init__(self, app: ASGIApp, verify: Verifier) -> None:
+        self.app = app
+        self.verify = verify
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path: str = scope.get("path", "")
+        if path == "/status":
+            await self.app(scope, receive, send)
+            return
+        if path not in ("/mcp", "/mcp/"):
+            await _respond(send, 404, {"error": "not found: the MCP endpoint is /mcp"})
+            return
+        headers = dict(scope.get("headers") or [])
+        raw = headers.get(b"authorization", b"").decode("latin-1")
+        scheme, _, token = raw.partition(" ")
+        challenge = [(b"www-authenticate", b'Bearer realm="osa-memory"')]
+        if scheme.lower() != "bearer" or not token.strip():
+            await _respond(send, 401, {"error": "missing bearer token: send 'Authorization: Bearer <token>'"}, challenge)
+            return
+        try:
+            caller = await anyio.to_thread.run_sync(self.verify, token.strip())
+        except AuthenticationError as e:
+            await _respond(send, 401, {"error": str(e)}, challenge)
+            return
+        except DatabaseError as e:
+            logger.warning("token verification failed: %s", e)
+            await _respond(send, 503, {"error": "the memory database is unavailable; retry later"})
+            return
+        with caller_scope(caller):
+            await self.app(scope, receive, send)
+
+
+def _lock_down(server: Any, registry: Any) -> list[str]:
+    """Replace Hayhooks' list/call handlers so that only our pipeline tools exist."""
+    from hayhooks.server.utils.mcp_utils import run_pipeline_as_tool
+    from mcp.types import TextContent, Tool
+    from pydantic import ValidationError
+
+    tools: dict[str, Tool] = {}
+    models: dict[str, Any] = {}
+    for name in registry.get_names():
+        metadata = registry.get_metadata(name) or {}
+        model = metadata.get("request_model")
+        if model is None:
+            continue
+        schema = model.model_json_schema()
+        schema["additionalProperties"] = False
+        tools[name] = Tool(name=name, description=metadata.get("description", ""), inputSchema=schema)
+        models[name] = model
+
+    @server.list_tools()  # type: ignore[untyped-decorator]
+    async def list_tools() -> list[Tool]:
+        return list(tools.values())
+
+    @server.call_tool(validate_input=False)  # type: ignore[untyped-decorator]
+    async def call_tool(name: str, arguments: dict[str, Any] | None) -> list[TextContent]:
+        if name not in tools:
+            msg = f"Unknown tool '{name}'. Available tools: {sorted(tools)}"
+            raise InvalidInputError(msg)
+        arguments = arguments or {}
+        allowed = set(tools[name].inputSchema.get("properties", {}))
+        unknown = sorted(set(arguments) - allowed)
+        if unknown:
+            msg = f"unknown argument(s) {unknown} for {name}; allowed: {sorted(allowed)}"
+            raise InvalidInputError(msg)
+        try:
+            models[name].model_validate(arguments)
+        except ValidationError as e:
+            problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+            msg = f"invalid arguments for {name}: {problems}"
+            raise InvalidInputError(msg) from None
+        try:
+            result: list[TextContent] = await run_pipeline_as_tool(registry, name, arguments)
+        except OsaMemoryError:
+            raise
+        except Exception as e:
+            logger.exception("tool %s failed", name)
+            msg = f"{name} failed with an internal error ({type(e).__name__}); see the server log"
+            raise RuntimeError(msg) from None
+        return result
+
+    return sorted(tools)
+
+
+def create_app(verify: Verifier, pipelines_dir: Path | None = None) -> ASGIApp:
+    """The ASGI app: locked-down Hayhooks MCP server behind bearer auth.
+
+    The pipelines' `setup()` runs here (database connection, schema, embedders).
+    """
+    from hayhooks.server.pipelines.loader import load_pipeline_registry
+    from hayhooks.server.utils.mcp_utils import create_mcp_server, create_starlette_app
+    from starlette.routing import Mount, Route
+
+    registry = load_pipeline_registry(pipelines_dir or default_pipelines_dir())
+    server = create_mcp_server(name="osa-memory", registry=registry)
+    names = _lock_down(server, registry)
+    logger.info("serving MCP tools %s", names)
+    app = create_starlette_app(server)
+    app.router.routes = [
+        r for r in app.router.routes if isinstance(r, Route | Mount) and getattr(r, "path", "") in ("/mcp", "/status")
+    ]
+    return BearerAuthMiddleware(app, verify)

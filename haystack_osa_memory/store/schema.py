@@ -1,0 +1,175 @@
+"""Create or upgrade the tables memory needs, next to the team's knowledge base. Idempotent.
+
+- The chunk table has exactly pgvector-haystack's layout, so ``PgvectorDocumentStore`` and its
+  retrievers keep working on it; we only add a btree index on ``meta->>'document_id'``.
+- The governing table holds one row per knowledge-base document (customer documents and facts):
+  org, specialist, dataset, source, audience, status, metadata. Access is decided here.
+- Tokens live in a private schema.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from haystack_osa_memory.config import MemoryConfig
+from haystack_osa_memory.database import transaction
+from haystack_osa_memory.errors import SchemaError
+
+SCHEMA_VERSION = 1
+
+CREATE_EXTENSION = sql.SQL("CREATE EXTENSION IF NOT EXISTS vector")
+CREATE_SCHEMA = sql.SQL("CREATE SCHEMA IF NOT EXISTS {schema}")
+
+# Same columns as pgvector-haystack 8.x (CREATE_TABLE_STATEMENT of its document store).
+CREATE_CHUNK_TABLE = sql.SQL(
+    """CREATE TABLE IF NOT EXISTS {schema}.{table} (
+    id VARCHAR(128) PRIMARY KEY,
+    embedding vector({dimension}),
+    content TEXT,
+    blob_data BYTEA,
+    blob_meta JSONB,
+    blob_mime_type VARCHAR(255),
+    meta JSONB)"""
+)
+CREATE_KEYWORD_INDEX = sql.SQL(
+    "CREATE INDEX IF NOT EXISTS {index} ON {schema}.{table} USING GIN (to_tsvector({language}, content))"
+)
+CREATE_CHUNK_DOCUMENT_INDEX = sql.SQL(
+    "CREATE INDEX IF NOT EXISTS {index} ON {schema}.{table} ((meta->>'document_id'))"
+)
+CREATE_GOVERNING_TABLE = sql.SQL(
+    """CREATE TABLE IF NOT EXISTS {schema}.{table} (
+    id VARCHAR(128) PRIMARY KEY,
+    org_id TEXT NOT NULL,
+    specialist_id TEXT,
+    dataset TEXT NOT NULL,
+    source VARCHAR(64) NOT NULL,
+    audience VARCHAR(32) NOT NULL DEFAULT 'customer',
+    status VARCHAR(32) NOT NULL DEFAULT 'approved',
+    content_hash CHAR(64),
+    title TEXT,
+    metadata JSONB NOT NULL DEFAULT '{{}}'::jsonb,
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    updated_at TIMESTAMPTZ NOT NULL DEFAULT now())"""
+)
+CREATE_SCOPE_INDEX = sql.SQL(
+    "CREATE INDEX IF NOT EXISTS {index} ON {schema}.{table} (org_id, (metadata->>'assignment_id'), status)"
+)
+CREATE_TOKENS_TABLE = sql.SQL(
+    """CREATE TABLE IF NOT EXISTS {schema}.tokens (
+    token_id VARCHAR(32) PRIMARY KEY,
+    secret_sha256 CHAR(64) NOT NULL,
+    org_id TEXT NOT NULL,
+    assignment_id TEXT NOT NULL,
+    specialist_id TEXT,
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    expires_at TIMESTAMPTZ,
+    revoked_at TIMESTAMPTZ)"""
+)
+CREATE_VERSION_TABLE = sql.SQL(
+    "CREATE TABLE IF NOT EXISTS {schema}.schema_version (version INTEGER NOT NULL, applied_at TIMESTAMPTZ NOT NULL)"
+)
+READ_VERSION = sql.SQL("SELECT max(version) FROM {schema}.schema_version")
+WRITE_VERSION = sql.SQL("INSERT INTO {schema}.schema_version (version, applied_at) VALUES (%s, now())")
+EMBEDDING_DIMENSION = sql.SQL(
+    """SELECT a.atttypmod FROM pg_attribute a
+    JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = %s AND c.relname = %s AND a.attname = 'embedding' AND NOT a.attisdropped"""
+)
+TABLE_EXISTS = sql.SQL("SELECT to_regclass(%s) IS NOT NULL")
+ANALYZE = sql.SQL("ANALYZE {schema}.{table}")
+# Serialise concurrent `init` runs (two servers starting at once).
+INIT_LOCK = sql.SQL("SELECT pg_advisory_xact_lock(hashtext('osa-memory-init'))")
+
+
+@dataclass
+class InitReport:
+    """What :func:`ensure_schema` did."""
+
+    created: list[str] = field(default_factory=list)
+    existing: list[str] = field(default_factory=list)
+    version_before: int | None = None
+    version_after: int = SCHEMA_VERSION
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "created": self.created,
+            "existing": self.existing,
+            "version_before": self.version_before,
+            "version_after": self.version_after,
+        }
+
+
+def _exists(conn: psycopg.Connection[Any], schema: str, table: str) -> bool:
+    row = conn.execute(TABLE_EXISTS, (f'"{schema}"."{table}"',)).fetchone()
+    return bool(row and row[0])
+
+
+def ensure_schema(conn_str: str, config: MemoryConfig) -> InitReport:
+    """Create or upgrade every table and index memory needs; safe to run any number of times.
+
+    Raises:
+        SchemaError: the existing chunk table's embedding dimension differs from the configured one.
+    """
+    report = InitReport()
+    kb = sql.Identifier(config.kb_schema)
+    mem = sql.Identifier(config.memory_schema)
+    chunk = sql.Identifier(config.chunk_table)
+    gov = sql.Identifier(config.governing_table)
+    with transaction(conn_str, config) as conn:
+        conn.execute(INIT_LOCK)
+        conn.execute(CREATE_EXTENSION)
+        for schema in {config.kb_schema, config.memory_schema}:
+            conn.execute(CREATE_SCHEMA.format(schema=sql.Identifier(schema)))
+        names = {
+            f"{config.kb_schema}.{config.chunk_table}": (config.kb_schema, config.chunk_table),
+            f"{config.kb_schema}.{config.governing_table}": (config.kb_schema, config.governing_table),
+            f"{config.memory_schema}.tokens": (config.memory_schema, "tokens"),
+            f"{config.memory_schema}.schema_version": (config.memory_schema, "schema_version"),
+        }
+        for label, (schema, table) in names.items():
+            (report.existing if _exists(conn, schema, table) else report.created).append(label)
+
+        if f"{config.kb_schema}.{config.chunk_table}" in report.existing:
+            row = conn.execute(EMBEDDING_DIMENSION, (config.kb_schema, config.chunk_table)).fetchone()
+            if row is not None and row[0] not in (-1, config.embedding_dimension):
+                msg = (
+                    f"chunk table {config.kb_schema}.{config.chunk_table} stores {row[0]}-dimensional embeddings "
+                    f"but OSA_MEMORY_EMBEDDING_DIM is {config.embedding_dimension}; set it to {row[0]} "
+                    "or use another OSA_MEMORY_CHUNK_TABLE"
+                )
+                raise SchemaError(msg)
+
+        conn.execute(
+            CREATE_CHUNK_TABLE.format(schema=kb, table=chunk, dimension=sql.Literal(config.embedding_dimension))
+        )
+        conn.execute(
+            CREATE_KEYWORD_INDEX.format(
+                index=sql.Identifier(f"{config.chunk_table}_keyword_index"),
+                schema=kb,
+                table=chunk,
+                language=sql.Literal(config.language),
+            )
+        )
+        conn.execute(
+            CREATE_CHUNK_DOCUMENT_INDEX.format(
+                index=sql.Identifier(f"{config.chunk_table}_document_id_idx"), schema=kb, table=chunk
+            )
+        )
+        conn.execute(CREATE_GOVERNING_TABLE.format(schema=kb, table=gov))
+        conn.execute(
+            CREATE_SCOPE_INDEX.format(index=sql.Identifier(f"{config.governing_table}_scope_idx"), schema=kb, table=gov)
+        )
+        conn.execute(CREATE_TOKENS_TABLE.format(schema=mem))
+        conn.execute(CREATE_VERSION_TABLE.format(schema=mem))
+        row = conn.execute(READ_VERSION.format(schema=mem)).fetchone()
+        report.version_before = row[0] if row else None
+        if report.version_before != SCHEMA_VERSION:
+            conn.execute(WRITE_VERSION.format(schema=mem), (SCHEMA_VERSION,))
+        # Statistics on the scope expression make the planner pick the btree (docs/traps.md).
+        conn.execute(ANALYZE.format(schema=kb, table=gov))
+    return report

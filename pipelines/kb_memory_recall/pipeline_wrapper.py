@@ -1,0 +1,31 @@
+"""MCP tool `kb_memory_recall`: a thin Hayhooks wrapper over the package's recall pipeline."""
+
+from typing import Annotated, Any
+
+from hayhooks import BasePipelineWrapper
+from pydantic import Field
+
+from haystack_osa_memory import require_caller, shared_memory
+
+
+class PipelineWrapper(BasePipelineWrapper):
+    def setup(self) -> None:
+        self.memory = shared_memory()
+        self.memory.warm_up()
+        self.pipeline = self.memory.recall_pipeline
+
+    def run_api(
+        self,
+        query: Annotated[str, Field(min_length=1, max_length=1000)],
+        limit: Annotated[int, Field(ge=1, le=20)] = 8,
+    ) -> dict[str, Any]:
+        """Recall facts stored earlier in the memory of the assignment you are working on, best match first.
+
+        Only this assignment's facts are searched. Returns {"assignment_id": ..., "facts": [{"document_id",
+        "content", "topic", "score", "stored_at"}]}, plus "degraded" when only keyword search could answer.
+
+        Args:
+            query: What you want to remember, 1 to 1000 characters (a question or keywords).
+            limit: How many facts to return, 1 to 20 (default 8).
+        """
+        return self.memory.recall(query, limit, caller=require_caller())

