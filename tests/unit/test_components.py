@@ -1,0 +1,228 @@
+"""Components without a database: construction, validation, serialisation, YAML round-trip."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from haystack import Document, Pipeline, component
+from haystack.components.embedders import MockTextEmbedder
+from haystack.utils import Secret
+
+from haystack_osa_memory import (
+    ALLOWED_MODULES,
+    GovernedFactWriter,
+    GoverningRowAclFilter,
+    GuardedTextEmbedder,
+    InvalidInputError,
+    MemoryConfig,
+    ScopedMemoryRetriever,
+    ScopeMarkerStripper,
+    ScopeMarkerWriter,
+    build_recall_pipeline,
+    build_store_pipeline,
+)
+from haystack_osa_memory.markers import content_hash, document_id
+
+ENV_SECRET = {"type": "env_var", "env_vars": ["PG_CONN_STR"], "strict": True}
+
+
+class TestScopeMarkerWriter:
+    def test_init_default(self) -> None:
+        w = ScopeMarkerWriter()
+        assert (w.dataset, w.source, w.audience, w.status) == ("osa-memory", "agent_fact", "ai_internal", "approved")
+
+    def test_customer_audience_refused(self) -> None:
+        with pytest.raises(ValueError, match="ai_internal"):
+            ScopeMarkerWriter(audience="customer")
+
+    def test_to_dict_from_dict(self) -> None:
+        data = ScopeMarkerWriter(dataset="mem").to_dict()
+        assert data == {
+            "type": "haystack_osa_memory.components.scope_marker_writer.ScopeMarkerWriter",
+            "init_parameters": {"dataset": "mem", "source": "agent_fact", "audience": "ai_internal",
+                                "status": "approved"},
+        }
+        assert ScopeMarkerWriter.from_dict(data).dataset == "mem"
+
+    def test_run_marks_hashes_and_prepares_rows(self) -> None:
+        out = ScopeMarkerWriter().run(
+            documents=[Document(content="fact one", meta={"topic": "t"}, embedding=[0.1, 0.2])],
+            org_id="acme",
+            assignment_id="a-1",
+            specialist_id="s",
+        )
+        (doc,) = out["documents"]
+        (row,) = out["governing_rows"]
+        assert doc.content == "<!-- osa-memory:scope a-1 -->\nfact one"
+        assert doc.embedding == [0.1, 0.2]
+        assert row["content_hash"] == content_hash(doc.content)
+        assert doc.id == row["id"] == document_id("acme", "osa-memory", row["content_hash"])
+        assert row["metadata"] == {"assignment_id": "a-1", "osa_memory": True, "topic": "t"}
+        assert doc.meta["document_id"] == doc.id
+
+    def test_run_deduplicates_within_a_batch(self) -> None:
+        out = ScopeMarkerWriter().run(documents=[Document(content="same"), Document(content="same")],
+                                      org_id="o", assignment_id="a")
+        assert len(out["documents"]) == len(out["governing_rows"]) == 1
+
+    def test_run_refuses_bad_scope_and_marker_lookalikes(self) -> None:
+        with pytest.raises(InvalidInputError, match="assignment"):
+            ScopeMarkerWriter().run(documents=[Document(content="x")], org_id="o", assignment_id="bad id -->")
+        with pytest.raises(InvalidInputError, match="reserved"):
+            ScopeMarkerWriter().run(documents=[Document(content="<!-- osa-memory:scope x -->")], org_id="o",
+                                    assignment_id="a")
+
+
+class TestScopeMarkerStripper:
+    def test_run(self) -> None:
+        docs = [
+            Document(id="1", content="<!-- osa-memory:scope a -->\nkeep <!-- osa-memory:scope b --> text"),
+            Document(id="2", content="customer text"),
+            Document(id="3", content=None),
+        ]
+        out = ScopeMarkerStripper().run(documents=docs)["documents"]
+        assert [d.content for d in out] == ["keep <!-- osa-memory:scope b --> text", "customer text", None]
+        assert [d.id for d in out] == ["1", "2", "3"]
+
+    def test_to_dict_from_dict(self) -> None:
+        data = ScopeMarkerStripper().to_dict()
+        assert isinstance(ScopeMarkerStripper.from_dict(data), ScopeMarkerStripper)
+
+
+class TestGoverningRowAclFilter:
+    def test_init_default(self) -> None:
+        f = GoverningRowAclFilter()
+        assert f.audiences == ["customer"]
+        assert f.admitted_statuses == ["approved"]
+
+    def test_empty_lists_refused(self) -> None:
+        with pytest.raises(ValueError, match="at least one"):
+            GoverningRowAclFilter(audiences=[])
+
+    def test_bad_table_name_refused(self) -> None:
+        with pytest.raises(ValueError, match="PostgreSQL name"):
+            GoverningRowAclFilter(governing_table="x; DROP TABLE y")
+
+    def test_to_dict_from_dict(self) -> None:
+        data = GoverningRowAclFilter(audiences=["ai_internal"], governing_table="gov").to_dict()
+        assert data["init_parameters"]["connection_string"] == ENV_SECRET
+        assert data["init_parameters"]["audiences"] == ["ai_internal"]
+        restored = GoverningRowAclFilter.from_dict(data)
+        assert restored.governing_table == "gov"
+        assert restored.connection_string == Secret.from_env_var("PG_CONN_STR")
+
+    def test_lookup_failure_fails_closed(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from haystack_osa_memory import AclLookupError
+
+        monkeypatch.setenv("PG_CONN_STR", "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1")
+        f = GoverningRowAclFilter()
+        with pytest.raises(AclLookupError, match="no document admitted"):
+            f.run(documents=[Document(content="x", meta={"document_id": "d"})], org_id="acme")
+
+
+class TestScopedMemoryRetriever:
+    def test_validation(self) -> None:
+        with pytest.raises(ValueError, match="top_k"):
+            ScopedMemoryRetriever(top_k=0)
+        with pytest.raises(ValueError, match="candidate_k"):
+            ScopedMemoryRetriever(top_k=10, candidate_k=5)
+        with pytest.raises(ValueError, match="Supported fusions"):
+            ScopedMemoryRetriever(fusion="magic")  # type: ignore[arg-type]
+
+    def test_to_dict_from_dict(self) -> None:
+        r = ScopedMemoryRetriever(top_k=5, rrf_k=30, chunk_table="kb")
+        restored = ScopedMemoryRetriever.from_dict(r.to_dict())
+        assert (restored.top_k, restored.rrf_k, restored.chunk_table) == (5, 30, "kb")
+
+
+class TestGovernedFactWriter:
+    def test_to_dict_from_dict(self) -> None:
+        w = GovernedFactWriter(kb_schema="kb", embedding_dimension=8)
+        restored = GovernedFactWriter.from_dict(w.to_dict())
+        assert (restored.kb_schema, restored.embedding_dimension) == ("kb", 8)
+
+    def test_unpaired_rows_refused_before_any_write(self) -> None:
+        with pytest.raises(InvalidInputError, match="exactly one governing row"):
+            GovernedFactWriter().run(documents=[Document(id="a", content="x")], governing_rows=[])
+
+    def test_wrong_embedding_dimension_refused(self) -> None:
+        with pytest.raises(InvalidInputError, match="dimensions"):
+            GovernedFactWriter(embedding_dimension=4).run(
+                documents=[Document(id="a", content="x", embedding=[1.0])], governing_rows=[{"id": "a"}]
+            )
+
+
+@component
+class _FailingEmbedder:
+    @component.output_types(embedding=list[float])
+    def run(self, text: str) -> dict[str, Any]:
+        raise RuntimeError("model server down")
+
+
+@component
+class _SlowEmbedder:
+    @component.output_types(embedding=list[float])
+    def run(self, text: str) -> dict[str, Any]:
+        time.sleep(1.0)
+        return {"embedding": [1.0]}
+
+
+class TestGuardedTextEmbedder:
+    def test_passes_embedding_through(self) -> None:
+        out = GuardedTextEmbedder(embedder=MockTextEmbedder(dimension=8)).run(text="hello")
+        assert out["degraded"] is None
+        assert len(out["embedding"]) == 8
+
+    def test_failure_degrades(self) -> None:
+        out = GuardedTextEmbedder(embedder=_FailingEmbedder()).run(text="hello")
+        assert out["embedding"] is None
+        assert "model server down" in out["degraded"]
+
+    def test_timeout_degrades(self) -> None:
+        start = time.perf_counter()
+        out = GuardedTextEmbedder(embedder=_SlowEmbedder(), timeout=0.1).run(text="hello")
+        assert time.perf_counter() - start < 0.9
+        assert out["embedding"] is None
+        assert "0.10 s budget" in out["degraded"]
+
+    def test_to_dict_from_dict_keeps_inner_embedder(self) -> None:
+        g = GuardedTextEmbedder(embedder=MockTextEmbedder(dimension=8), timeout=1.5)
+        restored = GuardedTextEmbedder.from_dict(g.to_dict())
+        assert restored.timeout == 1.5
+        assert isinstance(restored.embedder, MockTextEmbedder)
+
+    def test_not_a_component_refused(self) -> None:
+        with pytest.raises(ValueError, match="text embedder"):
+            GuardedTextEmbedder(embedder=object())
+
+
+def _normalised(pipe: Pipeline) -> dict[str, Any]:
+    data = pipe.to_dict()
+    data["connections"] = sorted(data["connections"], key=lambda c: (c["sender"], c["receiver"]))
+    return data
+
+
+class TestPipelinesYaml:
+    @pytest.mark.parametrize("hybrid", [False, True])
+    def test_recall_pipeline_round_trips(self, hybrid: bool) -> None:
+        cfg = MemoryConfig(chunk_table="kb_chunks", embedding_dimension=8)
+        pipe = build_recall_pipeline(cfg, MockTextEmbedder(dimension=8) if hybrid else None)
+        text = pipe.dumps()
+        assert "haystack_osa_memory.components" in text
+        assert "PG_CONN_STR" in text
+        loaded = Pipeline.loads(text, allowed_modules=ALLOWED_MODULES)
+        assert _normalised(loaded) == _normalised(pipe)
+
+    def test_store_pipeline_round_trips(self) -> None:
+        pipe = build_store_pipeline(MemoryConfig())
+        loaded = Pipeline.loads(pipe.dumps(), allowed_modules=ALLOWED_MODULES)
+        assert _normalised(loaded) == _normalised(pipe)
+
+    def test_loading_without_allow_list_is_refused(self) -> None:
+        from haystack.core.errors import DeserializationError
+
+        text = build_store_pipeline(MemoryConfig()).dumps()
+        with pytest.raises(DeserializationError):
+            Pipeline.loads(text)
