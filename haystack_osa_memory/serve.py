@@ -42,7 +42,11 @@ async def _respond(send: Send, status: int, body: dict[str, Any], headers: list[
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()), *headers],
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                *headers,
+            ],
         }
     )
     await send({"type": "http.response.body", "body": payload})
@@ -73,7 +77,9 @@ class BearerAuthMiddleware:
         scheme, _, token = raw.partition(" ")
         challenge = [(b"www-authenticate", b'Bearer realm="osa-memory"')]
         if scheme.lower() != "bearer" or not token.strip():
-            await _respond(send, 401, {"error": "missing bearer token: send 'Authorization: Bearer <token>'"}, challenge)
+            await _respond(
+                send, 401, {"error": "missing bearer token: send 'Authorization: Bearer <token>'"}, challenge
+            )
             return
         try:
             caller = await anyio.to_thread.run_sync(self.verify, token.strip())

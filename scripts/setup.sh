@@ -8,7 +8,7 @@ PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q "torch==2.13.0" || .venv/bin/python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
-.venv/bin/python -m pip install -q -e ".[embeddings,dev]"
+pipq() { .venv/bin/python -m pip install -q --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+pipq "torch==2.13.0"
+pipq -e ".[embeddings,dev]"
 echo "osa-memory installed in .venv ($(.venv/bin/python -c 'import haystack_osa_memory as m; print(m.__version__)'))"

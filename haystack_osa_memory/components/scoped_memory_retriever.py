@@ -116,7 +116,7 @@ class ScopedMemoryRetriever(KnowledgeBaseSettings):
     def _fuse(self, candidates: list[Candidate], hybrid: bool) -> list[tuple[Candidate, float]]:
         if not hybrid:
             ranked = [c for c in candidates if c.lex_rank is not None]
-            ranked.sort(key=lambda c: (c.lex_rank or 0))
+            ranked.sort(key=lambda c: c.lex_rank or 0)
             return [(c, float(c.lex_score or 0.0)) for c in ranked]
         if self.fusion == "lexical_first":
             lex = sorted((c for c in candidates if c.lex_rank is not None), key=lambda c: c.lex_rank or 0)

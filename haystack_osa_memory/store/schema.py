@@ -38,9 +38,7 @@ CREATE_CHUNK_TABLE = sql.SQL(
 CREATE_KEYWORD_INDEX = sql.SQL(
     "CREATE INDEX IF NOT EXISTS {index} ON {schema}.{table} USING GIN (to_tsvector({language}, content))"
 )
-CREATE_CHUNK_DOCUMENT_INDEX = sql.SQL(
-    "CREATE INDEX IF NOT EXISTS {index} ON {schema}.{table} ((meta->>'document_id'))"
-)
+CREATE_CHUNK_DOCUMENT_INDEX = sql.SQL("CREATE INDEX IF NOT EXISTS {index} ON {schema}.{table} ((meta->>'document_id'))")
 CREATE_GOVERNING_TABLE = sql.SQL(
     """CREATE TABLE IF NOT EXISTS {schema}.{table} (
     id VARCHAR(128) PRIMARY KEY,

@@ -18,7 +18,7 @@ from haystack_osa_memory.database import transaction
 from haystack_osa_memory.errors import AuthenticationError, InvalidInputError
 from haystack_osa_memory.markers import check_identifier
 
-TOKEN_PREFIX = "osam_"
+TOKEN_PREFIX = "osam_"  # noqa: S105 - a public prefix, not a secret
 _TOKEN = re.compile(r"^osam_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$")
 _DURATION = re.compile(r"^(\d{1,6})([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -101,8 +101,9 @@ class TokenStore:
         with transaction(self.conn_str, self.config) as conn:
             conn.execute(self._insert, (token_id, _digest(secret), org_id, assignment_id, specialist_id, expires_at))
         caller = Caller(org_id=org_id, assignment_id=assignment_id, specialist_id=specialist_id, token_id=token_id)
-        return IssuedToken(token_id=token_id, token=f"{TOKEN_PREFIX}{token_id}_{secret}", caller=caller,
-                           expires_at=expires_at)
+        return IssuedToken(
+            token_id=token_id, token=f"{TOKEN_PREFIX}{token_id}_{secret}", caller=caller, expires_at=expires_at
+        )
 
     def verify(self, token: str) -> Caller:
         """The caller a token stands for.

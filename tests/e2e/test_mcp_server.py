@@ -27,7 +27,8 @@ def test_only_our_tools_are_listed(server: Server) -> None:
     tools = with_session(server.url, token, names)
     assert set(tools) == OUR_TOOLS
     store = tools["kb_memory_store"]
-    assert store.description and store.description.startswith("Store a durable fact")
+    assert store.description
+    assert store.description.startswith("Store a durable fact")
     props = store.inputSchema["properties"]
     assert set(props) == {"fact", "topic"}
     assert store.inputSchema["additionalProperties"] is False
@@ -37,8 +38,10 @@ def test_only_our_tools_are_listed(server: Server) -> None:
 @pytest.mark.parametrize(
     ("tool", "arguments"),
     [
-        ("deploy_pipeline", {"name": "evil", "files": {"pipeline_wrapper.py": "import os"}, "save_files": False,
-                             "overwrite": True}),
+        (
+            "deploy_pipeline",
+            {"name": "evil", "files": {"pipeline_wrapper.py": "import os"}, "save_files": False, "overwrite": True},
+        ),
         ("undeploy_pipeline", {"pipeline_name": "kb_memory_store"}),
         ("get_all_pipeline_statuses", {}),
         ("get_pipeline_status", {"pipeline_name": "kb_memory_store"}),
@@ -59,8 +62,9 @@ def test_core_and_unknown_tools_are_refused(server: Server, tool: str, arguments
 
 def test_store_recall_and_restart(server: Server) -> None:
     token = server.token("asg-restart")["token"]
-    is_error, stored = call(server.url, token, "kb_memory_store",
-                            {"fact": "The staging VPN profile is called stg-eu", "topic": "vpn"})
+    is_error, stored = call(
+        server.url, token, "kb_memory_store", {"fact": "The staging VPN profile is called stg-eu", "topic": "vpn"}
+    )
     assert not is_error
     assert stored["stored"] is True
     assert stored["assignment_id"] == "asg-restart"
@@ -140,13 +144,24 @@ def test_lone_surrogate_is_an_error_and_writes_nothing(server: Server) -> None:
     """Sent as raw JSON (the escape \\ud800 is valid JSON text; Python clients refuse to encode it)."""
     token = server.token("asg-surrogate")["token"]
     before = row_counts(server.pg_conn_str, server.config)
-    body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
-            "params": {"name": "kb_memory_store", "arguments": {"fact": "lone \ud800 surrogate"}}}
+    body = {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "method": "tools/call",
+        "params": {"name": "kb_memory_store", "arguments": {"fact": "lone \ud800 surrogate"}},
+    }
     raw = json.dumps(body)  # ensure_ascii: the surrogate travels as an escape
     assert "\\ud800" in raw
-    response = httpx.post(server.url, content=raw, timeout=10, headers={
-        "Authorization": f"Bearer {token}", "Content-Type": "application/json",
-        "Accept": "application/json, text/event-stream"})
+    response = httpx.post(
+        server.url,
+        content=raw,
+        timeout=10,
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+        },
+    )
     assert response.status_code == 200
     assert '"isError":true' in response.text.replace(" ", "")
     assert "surrogate" in response.text
@@ -155,8 +170,9 @@ def test_lone_surrogate_is_an_error_and_writes_nothing(server: Server) -> None:
 
 def _post(server: Server, headers: dict[str, str]) -> httpx.Response:
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
-    return httpx.post(server.url, json=body, timeout=10,
-                      headers={"Accept": "application/json, text/event-stream", **headers})
+    return httpx.post(
+        server.url, json=body, timeout=10, headers={"Accept": "application/json, text/event-stream", **headers}
+    )
 
 
 def test_unauthenticated_requests_get_401(server: Server) -> None:
@@ -184,8 +200,7 @@ def test_expired_token_gets_401(server: Server) -> None:
 def test_other_routes_are_not_served(server: Server) -> None:
     token = server.token("asg-routes")["token"]
     for path in ("/sse", "/messages/", "/deploy_pipeline", "/docs", "/openapi.json"):
-        r = httpx.get(f"http://127.0.0.1:{server.port}{path}", headers={"Authorization": f"Bearer {token}"},
-                      timeout=5)
+        r = httpx.get(f"http://127.0.0.1:{server.port}{path}", headers={"Authorization": f"Bearer {token}"}, timeout=5)
         assert r.status_code == 404, path
     assert httpx.get(f"http://127.0.0.1:{server.port}/status", timeout=5).json() == {"status": "ok"}
 
@@ -213,8 +228,11 @@ def test_database_trouble_is_a_clear_error_and_the_server_keeps_serving(
 
         def hold_lock() -> None:
             with psycopg.connect(pg_conn_str) as conn:
-                conn.execute(sql.SQL("LOCK TABLE {}.{} IN ACCESS EXCLUSIVE MODE").format(
-                    sql.Identifier(config.kb_schema), sql.Identifier(config.governing_table)))
+                conn.execute(
+                    sql.SQL("LOCK TABLE {}.{} IN ACCESS EXCLUSIVE MODE").format(
+                        sql.Identifier(config.kb_schema), sql.Identifier(config.governing_table)
+                    )
+                )
                 locked.set()
                 release.wait(30)
 

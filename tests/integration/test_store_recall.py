@@ -17,7 +17,8 @@ pytestmark = pytest.mark.integration
 
 def _gov_row(pg_conn_str: str, config: MemoryConfig, doc_id: str) -> tuple[object, ...] | None:
     query = sql.SQL(
-        "SELECT org_id, specialist_id, source, audience, status, metadata, content_hash, dataset FROM {}.{} WHERE id = %s"
+        "SELECT org_id, specialist_id, source, audience, status, metadata, content_hash, dataset "
+        "FROM {}.{} WHERE id = %s"
     ).format(sql.Identifier(config.kb_schema), sql.Identifier(config.governing_table))
     with psycopg.connect(pg_conn_str) as conn:
         return conn.execute(query, (doc_id,)).fetchone()
@@ -42,7 +43,13 @@ class TestStore:
         row = _gov_row(pg_conn_str, config, result["document_id"])
         assert row is not None
         org, specialist, source, audience, status, metadata, digest, dataset = row
-        assert (org, specialist, source, audience, status) == ("acme", "spec-1", "agent_fact", "ai_internal", "approved")
+        assert (org, specialist, source, audience, status) == (
+            "acme",
+            "spec-1",
+            "agent_fact",
+            "ai_internal",
+            "approved",
+        )
         assert metadata == {"assignment_id": "asg-alpha", "osa_memory": True, "topic": "deploy"}
         stored = add_marker("Staging deploys need the VPN", "asg-alpha")
         assert digest == content_hash(stored)
@@ -140,9 +147,9 @@ class TestStore:
                 ).format(schema)
             )
             conn.execute(
-                sql.SQL("CREATE TRIGGER fail_chunk BEFORE INSERT ON {}.{} FOR EACH ROW EXECUTE FUNCTION {}.fail_chunk()").format(
-                    schema, chunk, schema
-                )
+                sql.SQL(
+                    "CREATE TRIGGER fail_chunk BEFORE INSERT ON {}.{} FOR EACH ROW EXECUTE FUNCTION {}.fail_chunk()"
+                ).format(schema, chunk, schema)
             )
         with pytest.raises(DatabaseError, match="simulated crash"):
             memory.store("Half-written facts must never be visible", caller=alice)
@@ -258,14 +265,18 @@ class TestCustomerSearch:
         )
         store.write_documents(
             [
-                Document(id="cust-1#0", content="Refund policy: customers may ask for a refund within 30 days",
-                         meta={"document_id": "cust-1"}),
+                Document(
+                    id="cust-1#0",
+                    content="Refund policy: customers may ask for a refund within 30 days",
+                    meta={"document_id": "cust-1"},
+                ),
                 Document(id="cust-2#0", content="Refund policy for another org", meta={"document_id": "cust-2"}),
                 Document(id="cust-3#0", content="Refund policy draft not yet approved", meta={"document_id": "cust-3"}),
             ]
         )
         gov = sql.SQL(
-            "INSERT INTO {}.{} (id, org_id, dataset, source, audience, status) VALUES (%s, %s, 'docs', 'upload', 'customer', %s)"
+            "INSERT INTO {}.{} (id, org_id, dataset, source, audience, status) "
+            "VALUES (%s, %s, 'docs', 'upload', 'customer', %s)"
         ).format(sql.Identifier(config.kb_schema), sql.Identifier(config.governing_table))
         with psycopg.connect(pg_conn_str, autocommit=True) as conn:
             conn.execute(gov, ("cust-1", "acme", "approved"))

@@ -21,16 +21,18 @@ def test_create_and_verify(tokens: TokenStore) -> None:
     issued = tokens.create(org_id="acme", assignment_id="asg-1", specialist_id="sp", expires_in=timedelta(hours=1))
     caller = tokens.verify(issued.token)
     assert (caller.org_id, caller.assignment_id, caller.specialist_id, caller.token_id) == (
-        "acme", "asg-1", "sp", issued.token_id)
+        "acme",
+        "asg-1",
+        "sp",
+        issued.token_id,
+    )
 
 
 def test_only_a_hash_is_stored(tokens: TokenStore, pg_conn_str: str, config: MemoryConfig) -> None:
     issued = tokens.create(org_id="acme", assignment_id="asg-1")
     secret = issued.token.rsplit("_", 1)[-1] if issued.token.count("_") == 2 else issued.token[22:]
     with psycopg.connect(pg_conn_str) as conn:
-        rows = conn.execute(
-            sql.SQL("SELECT * FROM {}.tokens").format(sql.Identifier(config.memory_schema))
-        ).fetchall()
+        rows = conn.execute(sql.SQL("SELECT * FROM {}.tokens").format(sql.Identifier(config.memory_schema))).fetchall()
     dumped = repr(rows)
     assert issued.token not in dumped
     assert secret not in dumped

@@ -41,8 +41,12 @@ class TestScopeMarkerWriter:
         data = ScopeMarkerWriter(dataset="mem").to_dict()
         assert data == {
             "type": "haystack_osa_memory.components.scope_marker_writer.ScopeMarkerWriter",
-            "init_parameters": {"dataset": "mem", "source": "agent_fact", "audience": "ai_internal",
-                                "status": "approved"},
+            "init_parameters": {
+                "dataset": "mem",
+                "source": "agent_fact",
+                "audience": "ai_internal",
+                "status": "approved",
+            },
         }
         assert ScopeMarkerWriter.from_dict(data).dataset == "mem"
 
@@ -63,16 +67,18 @@ class TestScopeMarkerWriter:
         assert doc.meta["document_id"] == doc.id
 
     def test_run_deduplicates_within_a_batch(self) -> None:
-        out = ScopeMarkerWriter().run(documents=[Document(content="same"), Document(content="same")],
-                                      org_id="o", assignment_id="a")
+        out = ScopeMarkerWriter().run(
+            documents=[Document(content="same"), Document(content="same")], org_id="o", assignment_id="a"
+        )
         assert len(out["documents"]) == len(out["governing_rows"]) == 1
 
     def test_run_refuses_bad_scope_and_marker_lookalikes(self) -> None:
         with pytest.raises(InvalidInputError, match="assignment"):
             ScopeMarkerWriter().run(documents=[Document(content="x")], org_id="o", assignment_id="bad id -->")
         with pytest.raises(InvalidInputError, match="reserved"):
-            ScopeMarkerWriter().run(documents=[Document(content="<!-- osa-memory:scope x -->")], org_id="o",
-                                    assignment_id="a")
+            ScopeMarkerWriter().run(
+                documents=[Document(content="<!-- osa-memory:scope x -->")], org_id="o", assignment_id="a"
+            )
 
 
 class TestScopeMarkerStripper:
