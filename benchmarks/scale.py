@@ -59,6 +59,7 @@ import random
 import re
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -156,7 +157,7 @@ FACT_TEMPLATES = (
     "Learned the hard way: {system} {aspect} needs the {common} from {team} ({person}) first, see {code}.",
 )
 
-console = Console(width=None if sys.stdout.isatty() else 160)
+console = Console(width=None if sys.stdout.isatty() else 150)
 VECTOR_LITERAL = re.compile(r"'\[[-0-9.e,]+\]'")
 
 
@@ -428,24 +429,57 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def postgres_memory(conn: psycopg.Connection[Any]) -> dict[str, float] | None:
-    """RSS and PSS (MiB) of the postmaster and all its children, when the server runs on this machine."""
+def find_postmaster(conn: psycopg.Connection[Any]) -> psutil.Process | None:
+    """The postmaster serving ``conn``, when the server runs on this machine (else ``None``)."""
     row = conn.execute("SELECT pg_backend_pid()").fetchone()
     try:
-        backend = psutil.Process(int(row[0]) if row else -1)
-        postmaster = backend.parent()
-        if postmaster is None or "postgres" not in postmaster.name():
-            return None
-        procs = [postmaster, *postmaster.children(recursive=True)]
-        rss = pss = 0
-        for proc in procs:
-            with suppress(psutil.Error):
-                info = proc.memory_full_info()
-                rss += info.rss
-                pss += getattr(info, "pss", info.rss)
+        postmaster = psutil.Process(int(row[0]) if row else -1).parent()
     except psutil.Error:
         return None
+    if postmaster is None or "postgres" not in postmaster.name():
+        return None
+    return postmaster
+
+
+def postgres_memory(postmaster: psutil.Process) -> dict[str, float] | None:
+    """RSS and PSS (MiB) summed over the postmaster and all its children.
+
+    RSS counts shared buffers once per process that touched them; PSS splits shared pages
+    between the processes that map them, so its sum is the better estimate of the real footprint.
+    """
+    try:
+        procs = [postmaster, *postmaster.children(recursive=True)]
+    except psutil.Error:
+        return None
+    rss = pss = 0
+    for proc in procs:
+        with suppress(psutil.Error):
+            info = proc.memory_full_info()
+            rss += info.rss
+            pss += getattr(info, "pss", info.rss)
     return {"processes": len(procs), "rss_mib": round(rss / 2**20, 1), "pss_mib": round(pss / 2**20, 1)}
+
+
+class MemorySampler(threading.Thread):
+    """Samples the server's memory every ``interval`` seconds and keeps the peaks."""
+
+    def __init__(self, postmaster: psutil.Process, interval: float = 1.0) -> None:
+        super().__init__(daemon=True, name="postgres-memory-sampler")
+        self.postmaster = postmaster
+        self.interval = interval
+        self.peak: dict[str, float] = {"processes": 0, "rss_mib": 0.0, "pss_mib": 0.0}
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            sample = postgres_memory(self.postmaster)
+            if sample is not None:
+                self.peak = {key: max(self.peak[key], value) for key, value in sample.items()}
+
+    def stop(self) -> dict[str, float]:
+        self._stop_event.set()
+        self.join()
+        return self.peak
 
 
 @contextmanager
@@ -470,6 +504,14 @@ def database() -> Iterator[str]:
             server.cleanup()
 
 
+@dataclass(frozen=True)
+class Hit:
+    """One query's outcome on one side: was the target in the top k, and how many rows came back."""
+
+    found: bool
+    returned: int
+
+
 @dataclass
 class MethodResult:
     """Completeness and latency of one design on one side."""
@@ -477,6 +519,7 @@ class MethodResult:
     design: str
     side: str
     completeness: dict[str, float]
+    returned: float
     latency_ms: dict[str, float]
     queries: int
     note: str = ""
@@ -525,13 +568,14 @@ class Bench:
         self.memory: Memory | None = None
         self.fact_vectors: dict[str, list[float]] = {}
         self.repo = FactRepository(conn_str, self.config)
+        self.postmaster = find_postmaster(self.conn)
 
     def q(self, text: str, **extra: sql.Composable) -> sql.Composed:
         """``text`` with the schema, table and index names (and ``extra``) filled in."""
         return sql.SQL(text).format(**self.names, **extra)
 
     def sample_memory(self, phase: str) -> None:
-        mem = postgres_memory(self.conn)
+        mem = postgres_memory(self.postmaster) if self.postmaster is not None else None
         if mem is not None:
             self.report.memory[phase] = mem
 
@@ -695,7 +739,7 @@ class Bench:
 
     # ------------------------------------------------------------------------------------- designs
 
-    def _post_filter(self, ids: list[str], target: Target) -> bool:
+    def _post_filter(self, ids: list[str], target: Target) -> Hit:
         """The old design's second step: keep only the caller's facts among the top k."""
         kept = self.conn.execute(
             self.q(
@@ -704,17 +748,17 @@ class Bench:
             ),
             (ids, target.caller.org_id, FACT_AUDIENCE, target.caller.assignment_id),
         ).fetchall()
-        return target.document_id in {r[0] for r in kept}
+        return Hit(target.document_id in {r[0] for r in kept}, len(kept))
 
-    def post_filter_vector(self, target: Target, kind: QueryKind) -> bool:
+    def post_filter_vector(self, target: Target, kind: QueryKind) -> dict[str, Hit]:
         _, vector = target.query(kind)
         rows = self.conn.execute(
             self.q("SELECT meta->>'document_id' FROM {schema}.{chunk} ORDER BY embedding <=> %s::vector LIMIT %s"),
             (vector_literal(vector.tolist()), self.p.k),
         ).fetchall()
-        return self._post_filter([r[0] for r in rows], target)
+        return {"vector": self._post_filter([r[0] for r in rows], target)}
 
-    def post_filter_lexical(self, target: Target, kind: QueryKind) -> bool:
+    def post_filter_lexical(self, target: Target, kind: QueryKind) -> dict[str, Hit]:
         text, _ = target.query(kind)
         rows = self.conn.execute(
             self.q(
@@ -725,7 +769,7 @@ class Bench:
             ),
             {"q": text, "k": self.p.k},
         ).fetchall()
-        return self._post_filter([r[0] for r in rows], target)
+        return {"lexical": self._post_filter([r[0] for r in rows], target)}
 
     WHERE_HNSW = (
         "WITH r AS MATERIALIZED (SELECT meta->>'document_id' AS id, embedding <=> %(v)s::vector AS d "
@@ -733,13 +777,13 @@ class Bench:
         "SELECT id FROM r ORDER BY d"
     )
 
-    def where_hnsw(self, target: Target, kind: QueryKind) -> bool:
+    def where_hnsw(self, target: Target, kind: QueryKind) -> dict[str, Hit]:
         _, vector = target.query(kind)
         params = {"v": vector_literal(vector.tolist()), "asg": target.caller.assignment_id, "k": self.p.k}
-        rows = self.conn.execute(self.q(self.WHERE_HNSW), params).fetchall()
-        return target.document_id in {r[0] for r in rows}
+        ids = [r[0] for r in self.conn.execute(self.q(self.WHERE_HNSW), params).fetchall()]
+        return {"vector": Hit(target.document_id in ids, len(ids))}
 
-    def scoped(self, target: Target, kind: QueryKind, *, with_vector: bool) -> dict[str, bool]:
+    def scoped(self, target: Target, kind: QueryKind, *, with_vector: bool) -> dict[str, Hit]:
         text, vector = target.query(kind)
         candidates = self.repo.scoped_candidates(
             org_id=target.caller.org_id,
@@ -748,26 +792,26 @@ class Bench:
             embedding=vector.tolist() if with_vector else None,
             k=self.p.k,
         )
-        mine = [c for c in candidates if c.document_id == target.document_id]
-        return {
-            "lexical": bool(mine and mine[0].lex_rank is not None),
-            "vector": bool(mine and mine[0].vec_rank is not None),
-        }
+        lexical = {c.document_id for c in candidates if c.lex_rank is not None}
+        vector_side = {c.document_id for c in candidates if c.vec_rank is not None}
+        hits = {"lexical": Hit(target.document_id in lexical, len(lexical))}
+        if with_vector:
+            hits["vector"] = Hit(target.document_id in vector_side, len(vector_side))
+        return hits
 
-    def recall(self, target: Target, kind: QueryKind) -> bool:
+    def recall(self, target: Target, kind: QueryKind) -> dict[str, Hit]:
         assert self.memory is not None
         text, _ = target.query(kind)
         facts = self.memory.recall(text, limit=self.p.k, caller=target.caller)["facts"]
-        return target.document_id in {f["document_id"] for f in facts}
+        return {"fused": Hit(target.document_id in {f["document_id"] for f in facts}, len(facts))}
 
-    def measure(
-        self, design: str, sides: tuple[str, ...], fn: Callable[[Target, QueryKind], dict[str, bool]], note: str = ""
-    ) -> None:
+    def measure(self, design: str, fn: Callable[[Target, QueryKind], dict[str, Hit]], note: str = "") -> None:
         """Run ``fn`` for every target and query kind (3 unmeasured warm-up runs first)."""
         for t in self.targets[:3]:
             fn(t, "para")
         seconds: list[float] = []
-        found = {side: dict.fromkeys(KINDS, 0) for side in sides}
+        found: dict[str, dict[QueryKind, int]] = {}
+        returned: dict[str, int] = {}
         with progress() as bar:
             task = bar.add_task(design, total=len(self.targets) * len(KINDS))
             for kind in KINDS:
@@ -775,54 +819,42 @@ class Bench:
                     t0 = time.perf_counter()
                     hits = fn(t, kind)
                     seconds.append(time.perf_counter() - t0)
-                    for side in sides:
-                        found[side][kind] += hits[side]
+                    for side, hit in hits.items():
+                        found.setdefault(side, dict.fromkeys(KINDS, 0))[kind] += hit.found
+                        returned[side] = returned.get(side, 0) + hit.returned
                     bar.advance(task)
         latency = percentiles(seconds)
-        for side in sides:
-            share = {kind: round(100 * found[side][kind] / len(self.targets), 1) for kind in KINDS}
-            self.report.results.append(MethodResult(design, side, share, latency, len(seconds), note))
+        for side, counts in found.items():
+            share = {kind: round(100 * counts[kind] / len(self.targets), 1) for kind in KINDS}
+            mean_returned = round(returned[side] / len(seconds), 2)
+            self.report.results.append(MethodResult(design, side, share, mean_returned, latency, len(seconds), note))
 
     def run_designs(self, phase: Literal["exact", "hnsw"]) -> None:
-        def single(side: str, f: Callable[[Target, QueryKind], bool]) -> Callable[[Target, QueryKind], dict[str, bool]]:
-            return lambda t, kind: {side: f(t, kind)}
-
+        """Phase ``exact``: no HNSW index yet. Phase ``hnsw``: after the index is built."""
         if phase == "exact":
-            self.measure("(a) post-filter: exact scan top k", ("vector",), single("vector", self.post_filter_vector))
-            self.measure("(a) post-filter: ts_rank_cd top k", ("lexical",), single("lexical", self.post_filter_lexical))
+            self.measure("(a) post-filter, exact scan", self.post_filter_vector)
+            self.measure("(a) post-filter, ts_rank_cd", self.post_filter_lexical)
+            self.measure("(c) ours, scoped SQL (text)", lambda t, kind: self.scoped(t, kind, with_vector=False))
             self.measure(
-                "(c) ours: scoped_candidates, text only",
-                ("lexical",),
-                lambda t, kind: self.scoped(t, kind, with_vector=False),
-            )
-            self.measure(
-                "(c) ours: scoped_candidates, text + vector",
-                ("lexical", "vector"),
+                "(c) ours, scoped SQL (text+vector)",
                 lambda t, kind: self.scoped(t, kind, with_vector=True),
-                note="one statement ranks both sides",
+                note="one statement, both sides",
             )
             self.measure(
-                "(c) ours: Memory.recall (hybrid pipeline)",
-                ("fused",),
-                single("fused", self.recall),
-                note="embed (lookup) + SQL + ACL re-check + strip",
+                "(c) ours, Memory.recall (hybrid)",
+                self.recall,
+                note="pipeline: embed+SQL+ACL+strip",
             )
             return
         ef = self.p.ef_search
         self.conn.execute(sql.SQL("SET hnsw.ef_search = {}").format(sql.Literal(ef)))
-        self.measure("(a) post-filter: HNSW top k", ("vector",), single("vector", self.post_filter_vector))
-        self.measure(f"(b) WHERE filter + HNSW (ef_search={ef})", ("vector",), single("vector", self.where_hnsw))
+        self.measure("(a) post-filter, HNSW", self.post_filter_vector)
+        self.measure(f"(b) WHERE + HNSW (ef_search={ef})", self.where_hnsw)
         self.conn.execute("SET hnsw.iterative_scan = relaxed_order")
-        self.measure(
-            "(b) WHERE + HNSW, iterative relaxed_order",
-            ("vector",),
-            single("vector", self.where_hnsw),
-            note="hnsw.max_scan_tuples default (20000)",
-        )
+        self.measure("(b) WHERE + HNSW, relaxed_order", self.where_hnsw, note="iterative scan, max_scan_tuples 20000")
         self.conn.execute("RESET hnsw.iterative_scan")
         self.measure(
-            "(c) ours: scoped_candidates (HNSW present)",
-            ("lexical", "vector"),
+            "(c) ours, scoped SQL (HNSW exists)",
             lambda t, kind: self.scoped(t, kind, with_vector=True),
         )
         self.sample_memory("after queries")
@@ -902,6 +934,7 @@ def print_report(r: Report) -> None:
         ("side", {}),
         ("own text %", {"justify": "right"}),
         ("paraphrase %", {"justify": "right"}),
+        ("rows/k", {"justify": "right"}),
         ("p50 ms", {"justify": "right"}),
         ("p95 ms", {"justify": "right"}),
         ("p99 ms", {"justify": "right"}),
@@ -915,6 +948,7 @@ def print_report(r: Report) -> None:
             res.side,
             f"{res.completeness['own']:.1f}",
             f"{res.completeness['para']:.1f}",
+            f"{res.returned:.1f}/{r.params['k']}",
             f"{lat['p50']:.2f}",
             f"{lat['p95']:.2f}",
             f"{lat['p99']:.2f}",
@@ -1023,6 +1057,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with database() as conn_str:
         bench = Bench(conn_str, params)
+        sampler = MemorySampler(bench.postmaster) if bench.postmaster is not None else None
+        if sampler is not None:
+            sampler.start()
         try:
             bench.build()
             bench.store_targets()
@@ -1034,6 +1071,8 @@ def main(argv: list[str] | None = None) -> int:
             bench.store_more()
             bench.sizes()
         finally:
+            if sampler is not None:
+                bench.report.memory["peak (sampled every second)"] = sampler.stop()
             bench.drop()
     report = bench.report
     report.total_seconds = round(time.perf_counter() - started, 1)

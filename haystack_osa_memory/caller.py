@@ -24,6 +24,11 @@ class Caller:
     specialist_id: str | None = None
     token_id: str | None = None
 
+    @property
+    def run_id(self) -> str:
+        """Who acts, for votes, reads and the audit: the token id, else `local:<specialist or org>`."""
+        return self.token_id or f"local:{self.specialist_id or self.org_id}"
+
     def __post_init__(self) -> None:
         check_identifier(self.org_id, "org")
         check_identifier(self.assignment_id, "assignment")

@@ -28,6 +28,8 @@ ENVIRONMENT: dict[str, str] = {
     "OSA_MEMORY_DATASET": "dataset",
     "OSA_MEMORY_STATEMENT_TIMEOUT_MS": "statement_timeout_ms",
     "OSA_MEMORY_POOL_TIMEOUT": "pool_timeout",
+    "OSA_MEMORY_ENABLED": "enabled",
+    "OSA_MEMORY_TRUST_FLOOR": "trust_floor",
 }
 
 
@@ -65,6 +67,8 @@ class MemoryConfig(BaseModel):
     admitted_statuses: tuple[str, ...] = ("approved",)
     statement_timeout_ms: int = Field(default=15000, ge=100, le=600000)
     pool_timeout: float = Field(default=5.0, gt=0, le=120)
+    enabled: bool = True
+    trust_floor: float = Field(default=0.3, ge=0, le=1)
 
     @field_validator("kb_schema", "chunk_table", "governing_table", "memory_schema", "language")
     @classmethod

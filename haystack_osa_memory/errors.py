@@ -11,7 +11,7 @@ class InvalidInputError(OsaMemoryError, ValueError):
     """A tool or API argument is outside what is allowed; nothing was written."""
 
 
-class ConfigurationError(OsaMemoryError):
+class ConfigurationError(OsaMemoryError, ValueError):
     """A setting or environment variable has a value that is not allowed."""
 
 
@@ -37,3 +37,16 @@ class ScopeError(OsaMemoryError):
 
 class EmbedderError(OsaMemoryError):
     """The configured embedder failed or exceeded its time budget."""
+
+
+class NotFoundError(OsaMemoryError):
+    """No such fact in the caller's scope (facts of other scopes are reported the same way)."""
+
+
+class MemoryOffError(OsaMemoryError):
+    """A kill switch (server, org or assignment) turned memory off; nothing was read or written."""
+
+    MESSAGE = "Memory is off for this assignment"
+
+    def __init__(self) -> None:
+        super().__init__(self.MESSAGE)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from haystack import Document, Pipeline
@@ -13,10 +14,32 @@ from haystack_osa_memory.caller import Caller
 from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.database import resolve_connection_string
 from haystack_osa_memory.embedders import build_embedders
-from haystack_osa_memory.errors import OsaMemoryError
+from haystack_osa_memory.errors import InvalidInputError, MemoryOffError, NotFoundError, OsaMemoryError
 from haystack_osa_memory.pipelines import build_customer_search_pipeline, build_recall_pipeline, build_store_pipeline
+from haystack_osa_memory.redaction_gate import secret_classes
+from haystack_osa_memory.store.lifecycle import LISTABLE_STATUSES, PROPOSED, LifecycleRepository, Scope
 from haystack_osa_memory.store.schema import InitReport, ensure_schema
-from haystack_osa_memory.validation import check_fact, check_limit, check_query, check_topic
+from haystack_osa_memory.validation import (
+    KINDS,
+    NOTE_MAX,
+    PATH_MAX,
+    PATHS_MAX,
+    PERSONA_MAX,
+    PERSONAS_MAX,
+    REASON_MAX,
+    TITLE_MAX,
+    VERDICTS,
+    check_choice,
+    check_document_id,
+    check_fact,
+    check_limit,
+    check_query,
+    check_string_list,
+    check_text,
+    check_topic,
+    check_ttl_days,
+    normalise,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +60,10 @@ def _run(pipe: Pipeline, data: dict[str, Any], include: set[str] | None = None) 
         if isinstance(cause, OsaMemoryError):
             raise cause from None
         raise
+
+
+def _not_found(document_id: str) -> str:
+    return f"no fact {document_id} in this assignment"
 
 
 class Memory:
@@ -82,6 +109,7 @@ class Memory:
         self.init_report: InitReport | None = None
         self.store_pipeline: Pipeline | None = None
         self.recall_pipeline: Pipeline | None = None
+        self.lifecycle: LifecycleRepository | None = None
         self._lock = threading.Lock()
 
     @property
@@ -101,33 +129,175 @@ class Memory:
             recall = build_recall_pipeline(self.config, self.text_embedder)
             store.warm_up()
             recall.warm_up()
+            self.lifecycle = LifecycleRepository(self.conn_str, self.config)
             self.store_pipeline, self.recall_pipeline = store, recall
 
-    def store(self, fact: str, topic: str | None = None, *, caller: Caller) -> dict[str, Any]:
-        """Store one fact in the caller's assignment (idempotent per assignment).
-
-        :returns: `{"stored": True, "assignment_id": ..., "document_id": ...}`
-        :raises InvalidInputError: the fact or topic is not allowed; nothing is written.
-        :raises DatabaseError: the database failed; nothing is written.
-        """
-        text = check_fact(fact)
-        topic = check_topic(topic)
+    # -- guards --------------------------------------------------------------------------------
+    def _lifecycle(self, caller: Caller) -> LifecycleRepository:
+        """Warm up, then refuse (writing nothing) when a kill switch turned memory off."""
+        if not self.config.enabled:
+            raise MemoryOffError()
         self.warm_up()
+        assert self.lifecycle is not None
+        if self.lifecycle.is_off(caller.org_id, caller.assignment_id):
+            raise MemoryOffError()
+        return self.lifecycle
+
+    def _write(
+        self,
+        docs: list[Document],
+        caller: Caller,
+        *,
+        status: str | None = None,
+        action: str = "store",
+    ) -> list[str]:
         assert self.store_pipeline is not None
-        meta = {"topic": topic} if topic is not None else {}
-        docs = [Document(content=text, meta=meta)]
-        scope = {"org_id": caller.org_id, "assignment_id": caller.assignment_id, "specialist_id": caller.specialist_id}
-        data: dict[str, Any] = {"mark": scope}
+        scope = {
+            "org_id": caller.org_id,
+            "assignment_id": caller.assignment_id,
+            "specialist_id": caller.specialist_id,
+            "status": status,
+            "stored_by": caller.run_id,
+        }
+        data: dict[str, Any] = {"mark": scope, "write": {"actor": caller.run_id, "action": action}}
         if self.document_embedder is not None:
             data["embed"] = {"documents": docs}
         else:
             data["mark"] = {**scope, "documents": docs}
         result = _run(self.store_pipeline, data)
-        return {
-            "stored": True,
-            "assignment_id": caller.assignment_id,
-            "document_id": result["write"]["document_ids"][0],
-        }
+        return list(result["write"]["document_ids"])
+
+    # -- tools ---------------------------------------------------------------------------------
+    def store(
+        self,
+        fact: str,
+        topic: str | None = None,
+        *,
+        caller: Caller,
+        kind: str = "fact",
+        ttl_days: int | None = None,
+    ) -> dict[str, Any]:
+        """Store one fact in the caller's assignment (idempotent per assignment).
+
+        :param kind: one of `fact`, `procedure`, `pitfall`, `preference`, `reference`.
+        :param ttl_days: after this many days the fact is returned marked `stale`, ranked below fresh ones.
+        :returns: `{"stored": True, "assignment_id": ..., "document_id": ...}`
+        :raises InvalidInputError: an argument is not allowed; nothing is written.
+        :raises MemoryOffError: a kill switch is off; nothing is written.
+        :raises DatabaseError: the database failed; nothing is written.
+        """
+        text = check_fact(fact)
+        topic = check_topic(topic)
+        kind = check_choice(kind, "kind", KINDS)
+        ttl = check_ttl_days(ttl_days)
+        self._lifecycle(caller)
+        meta: dict[str, Any] = {"kind": kind}
+        if topic is not None:
+            meta["topic"] = topic
+        if ttl is not None:
+            meta["expires_at"] = (datetime.now(UTC) + timedelta(days=ttl)).isoformat()
+        (doc_id,) = self._write([Document(content=text, meta=meta)], caller)
+        return {"stored": True, "assignment_id": caller.assignment_id, "document_id": doc_id}
+
+    def propose(
+        self,
+        kind: str,
+        title: str,
+        body: str,
+        paths: list[str] | None = None,
+        personas: list[str] | None = None,
+        *,
+        caller: Caller,
+    ) -> dict[str, Any]:
+        """Propose a fact for review through the curation gate; it is not recalled until accepted.
+
+        :returns: `{"document_id": ..., "status": "proposed"}` or `{"rejected": reason}`.
+        """
+        if kind == "decision":
+            msg = f"kind 'decision' is not allowed; use one of {list(KINDS)}"
+            raise InvalidInputError(msg)
+        kind = check_choice(kind, "kind", KINDS)
+        title = check_text(title, "title", min_len=1, max_len=TITLE_MAX)
+        body = check_fact(body)
+        paths = check_string_list(paths, "paths", max_items=PATHS_MAX, max_len=PATH_MAX)
+        personas = check_string_list(personas, "personas", max_items=PERSONAS_MAX, max_len=PERSONA_MAX)
+        content = f"{title}\n\n{body}"
+        lifecycle = self._lifecycle(caller)
+        secret = secret_classes("\n".join([title, body, *paths, *personas]))
+        if secret:
+            return {"rejected": f"contains a secret ({', '.join(secret)}); remove it and propose again"}
+        wanted = {normalise(body), normalise(content)}
+        for doc_id, text in lifecycle.scope_contents(Scope(caller.org_id, caller.assignment_id)).items():
+            if wanted & {normalise(text), normalise(text.split("\n\n", 1)[-1])}:
+                return {"rejected": f"duplicate of fact {doc_id} in this assignment"}
+        meta: dict[str, Any] = {"kind": kind, "title": title, "paths": paths, "personas": personas}
+        docs = [Document(content=content, meta=meta)]
+        (doc_id,) = self._write(docs, caller, status=PROPOSED, action="propose")
+        return {"document_id": doc_id, "status": PROPOSED}
+
+    def read(self, document_id: str, *, caller: Caller) -> dict[str, Any]:
+        """The whole fact with provenance; records one read per (caller run, fact).
+
+        :raises NotFoundError: no such fact in the caller's assignment (the same for other scopes' facts).
+        """
+        document_id = check_document_id(document_id)
+        scope = Scope(caller.org_id, caller.assignment_id)
+        found = self._lifecycle(caller).read(scope, document_id, caller.run_id)
+        if found is None:
+            raise NotFoundError(_not_found(document_id))
+        return found
+
+    def feedback(self, document_id: str, verdict: str, note: str | None = None, *, caller: Caller) -> dict[str, Any]:
+        """Confirm or flag a fact; one vote per (caller run, fact), a changed verdict replaces the old one.
+
+        :returns: `{"document_id", "trust", "status", "confirms", "flags"}`
+        """
+        document_id = check_document_id(document_id)
+        verdict = check_choice(verdict, "verdict", VERDICTS)
+        if note is not None:
+            note = check_text(note, "note", min_len=1, max_len=NOTE_MAX)
+            secret = secret_classes(note)
+            if secret:
+                msg = f"note must not contain secrets (found {', '.join(secret)}); remove them"
+                raise InvalidInputError(msg)
+        result = self._lifecycle(caller).feedback(
+            Scope(caller.org_id, caller.assignment_id),
+            document_id,
+            run_id=caller.run_id,
+            verdict=verdict,
+            note=note,
+            floor=self.config.trust_floor,
+            actor=caller.run_id,
+        )
+        if result is None:
+            raise NotFoundError(_not_found(document_id))
+        return result
+
+    def forget(self, document_id: str, reason: str, *, caller: Caller) -> dict[str, Any]:
+        """Retract a fact: never recalled, read or counted again; storing its text later creates it afresh."""
+        document_id = check_document_id(document_id)
+        reason = check_text(reason, "reason", min_len=1, max_len=REASON_MAX)
+        scope = Scope(caller.org_id, caller.assignment_id)
+        if not self._lifecycle(caller).forget(scope, document_id, reason=reason, actor=caller.run_id):
+            raise NotFoundError(_not_found(document_id))
+        return {"forgotten": True, "document_id": document_id}
+
+    def list_facts(
+        self,
+        status: str | None = None,
+        topic: str | None = None,
+        cursor: str | None = None,
+        *,
+        caller: Caller,
+    ) -> dict[str, Any]:
+        """Page (20 at a time, oldest first) through the caller's facts; pass `next_cursor` back for more."""
+        if status is not None:
+            status = check_choice(status, "status", LISTABLE_STATUSES)
+        topic = check_topic(topic)
+        if cursor is not None:
+            cursor = check_text(cursor, "cursor", min_len=1, max_len=500)
+        scope = Scope(caller.org_id, caller.assignment_id)
+        return self._lifecycle(caller).list_facts(scope, status=status, topic=topic, cursor=cursor)
 
     def recall(self, query: str, limit: int = 8, *, caller: Caller) -> dict[str, Any]:
         """The caller's facts that best match ``query``, best first, without the scope marker.
@@ -137,7 +307,7 @@ class Memory:
         """
         query = check_query(query)
         limit = check_limit(limit)
-        self.warm_up()
+        self._lifecycle(caller)
         assert self.recall_pipeline is not None
         scope = {"org_id": caller.org_id, "assignment_id": caller.assignment_id}
         data: dict[str, Any] = {"retrieve": {**scope, "query": query, "top_k": limit}, "acl": scope}
@@ -151,6 +321,8 @@ class Memory:
                 "topic": doc.meta.get("topic"),
                 "score": round(float(doc.score or 0.0), 6),
                 "stored_at": doc.meta.get("stored_at"),
+                "kind": doc.meta.get("kind", "fact"),
+                "stale": bool(doc.meta.get("stale")),
             }
             for doc in result["strip"]["documents"]
         ]

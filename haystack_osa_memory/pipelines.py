@@ -44,7 +44,7 @@ def build_store_pipeline(config: MemoryConfig | None = None, document_embedder: 
     if document_embedder is not None:
         pipe.add_component("embed", document_embedder)
     pipe.add_component("mark", ScopeMarkerWriter(dataset=cfg.dataset, status=cfg.admitted_statuses[0]))
-    pipe.add_component("write", GovernedFactWriter(**_kb(cfg)))
+    pipe.add_component("write", GovernedFactWriter(memory_schema=cfg.memory_schema, **_kb(cfg)))
     if document_embedder is not None:
         pipe.connect("embed.documents", "mark.documents")
     pipe.connect("mark.documents", "write.documents")

@@ -64,3 +64,54 @@ def check_limit(limit: object) -> int:
         msg = f"limit must be an integer from {LIMIT_MIN} to {LIMIT_MAX}, got {limit!r}"
         raise InvalidInputError(msg)
     return limit
+
+
+KINDS = ("fact", "procedure", "pitfall", "preference", "reference")
+VERDICTS = ("confirm", "flag")
+TITLE_MAX = 120
+NOTE_MAX = 500
+REASON_MAX = 500
+PATH_MAX, PATHS_MAX = 300, 20
+PERSONA_MAX, PERSONAS_MAX = 60, 10
+TTL_DAYS_MAX = 3650
+
+
+def check_choice(value: object, what: str, allowed: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``allowed``."""
+    if not isinstance(value, str) or value not in allowed:
+        msg = f"{what} {value!r} is not allowed; use one of {list(allowed)}"
+        raise InvalidInputError(msg)
+    return value
+
+
+def check_document_id(value: object) -> str:
+    """A document id as returned by the tools (64 hexadecimal characters)."""
+    if not isinstance(value, str) or len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        msg = "document_id must be the 64-character hexadecimal id returned by kb_memory_store or kb_memory_recall"
+        raise InvalidInputError(msg)
+    return value
+
+
+def check_string_list(values: object, what: str, *, max_items: int, max_len: int) -> list[str]:
+    """A list of 1..max_len character strings, at most ``max_items`` of them."""
+    if values is None:
+        return []
+    if not isinstance(values, list) or len(values) > max_items:
+        msg = f"{what} must be a list of at most {max_items} strings"
+        raise InvalidInputError(msg)
+    return [check_text(v, f"{what} item", min_len=1, max_len=max_len) for v in values]
+
+
+def check_ttl_days(value: object) -> int | None:
+    """An optional time to live in days, 1..3650."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= TTL_DAYS_MAX:
+        msg = f"ttl_days must be an integer from 1 to {TTL_DAYS_MAX} (or omitted for no expiry), got {value!r}"
+        raise InvalidInputError(msg)
+    return value
+
+
+def normalise(text: str) -> str:
+    """Lower-case words only, single-spaced: the form duplicate checks compare."""
+    return " ".join("".join(ch if ch.isalnum() else " " for ch in text.casefold()).split())

@@ -6,6 +6,7 @@ from haystack import Document, component, default_from_dict, default_to_dict
 from haystack.utils import Secret, deserialize_secrets_inplace
 
 from haystack_osa_memory.components._kb import KnowledgeBaseSettings
+from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.errors import InvalidInputError
 from haystack_osa_memory.store.facts import FactRepository
 
@@ -38,6 +39,7 @@ class GovernedFactWriter(KnowledgeBaseSettings):
         chunk_table: str = "haystack_documents",
         embedding_dimension: int = 384,
         language: str = "english",
+        memory_schema: str | None = None,
     ) -> None:
         """
         :param connection_string: PostgreSQL connection string (secret; env var `PG_CONN_STR` by default).
@@ -46,8 +48,13 @@ class GovernedFactWriter(KnowledgeBaseSettings):
         :param chunk_table: pgvector-haystack chunk table.
         :param embedding_dimension: Dimension of the chunk table's embeddings.
         :param language: PostgreSQL text-search configuration.
+        :param memory_schema: Schema of the audit table; when set, every write appends an audit row in the
+            same transaction. `None` writes no audit.
         """
         self._init_kb(connection_string, kb_schema, governing_table, chunk_table, embedding_dimension, language)
+        self.memory_schema = memory_schema
+        if memory_schema is not None:
+            self._config = MemoryConfig.model_validate({**self._config.model_dump(), "memory_schema": memory_schema})
         self._repo: FactRepository | None = None
 
     def warm_up(self) -> None:
@@ -56,7 +63,7 @@ class GovernedFactWriter(KnowledgeBaseSettings):
             self._repo = FactRepository(self._conn_str(), self._config)
 
     def to_dict(self) -> dict[str, Any]:
-        return default_to_dict(self, **self._kb_dict())
+        return default_to_dict(self, memory_schema=self.memory_schema, **self._kb_dict())
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GovernedFactWriter:
@@ -64,10 +71,18 @@ class GovernedFactWriter(KnowledgeBaseSettings):
         return default_from_dict(cls, data)
 
     @component.output_types(document_ids=list[str])
-    def run(self, documents: list[Document], governing_rows: list[dict[str, Any]]) -> dict[str, list[str]]:
+    def run(
+        self,
+        documents: list[Document],
+        governing_rows: list[dict[str, Any]],
+        actor: str | None = None,
+        action: str = "store",
+    ) -> dict[str, list[str]]:
         """
         :param documents: Marked chunks from `ScopeMarkerWriter` (id = document id).
         :param governing_rows: Their governing rows, same ids.
+        :param actor: Who writes (token id, `cli:<user>`), recorded in the audit when `memory_schema` is set.
+        :param action: Audit action name (`store`, `propose`, `import`).
         :returns: `document_ids` written (in input order).
         :raises InvalidInputError: documents and rows do not pair up by id; nothing is written.
         :raises DatabaseError: the database failed; nothing is written.
@@ -88,4 +103,5 @@ class GovernedFactWriter(KnowledgeBaseSettings):
             (rows[doc.id], {"id": doc.id, "content": doc.content, "embedding": doc.embedding, "meta": doc.meta})
             for doc in documents
         ]
-        return {"document_ids": self._repo.write(items)}
+        audit = {"actor": actor or "unknown", "action": action} if self.memory_schema is not None else None
+        return {"document_ids": self._repo.write(items, audit=audit)}

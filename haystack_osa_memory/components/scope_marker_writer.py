@@ -8,6 +8,9 @@ from haystack_osa_memory.markers import add_marker, check_identifier, content_ha
 from haystack_osa_memory.store.facts import FACT_AUDIENCE, FACT_SOURCE
 from haystack_osa_memory.validation import check_fact, check_topic
 
+#: Input meta keys copied into the governing row's metadata.
+_CARRIED_META = ("kind", "expires_at", "paths", "personas")
+
 
 @component
 class ScopeMarkerWriter:
@@ -69,14 +72,19 @@ class ScopeMarkerWriter:
         org_id: str,
         assignment_id: str,
         specialist_id: str | None = None,
+        status: str | None = None,
+        stored_by: str | None = None,
     ) -> dict[str, Any]:
         """
         Mark and identify facts for one assignment.
 
-        :param documents: Plain facts (content = fact text; optional `meta["topic"]`).
+        :param documents: Plain facts (content = fact text; optional meta `topic`, `title`, `kind`,
+            `expires_at`, `paths`, `personas`).
         :param org_id: The caller's org (from trusted context).
         :param assignment_id: The caller's assignment (from trusted context).
         :param specialist_id: The caller's specialist, if any.
+        :param status: Overrides the status of new facts for this run (e.g. `proposed`).
+        :param stored_by: Who stores (token id), recorded in the governing row's metadata.
         :returns: `documents` (marked chunks, id = document id) and `governing_rows` (one per document).
         :raises InvalidInputError: a fact or topic is not allowed; nothing is returned.
         """
@@ -95,6 +103,11 @@ class ScopeMarkerWriter:
             metadata: dict[str, Any] = {"assignment_id": assignment_id, "osa_memory": True}
             if topic is not None:
                 metadata["topic"] = topic
+            for key in _CARRIED_META:
+                if doc.meta.get(key) is not None:
+                    metadata[key] = doc.meta[key]
+            if stored_by is not None:
+                metadata["stored_by"] = stored_by
             rows[doc_id] = {
                 "id": doc_id,
                 "org_id": org_id,
@@ -102,9 +115,9 @@ class ScopeMarkerWriter:
                 "dataset": self.dataset,
                 "source": self.source,
                 "audience": self.audience,
-                "status": self.status,
+                "status": status or self.status,
                 "content_hash": digest,
-                "title": topic,
+                "title": doc.meta.get("title") or topic,
                 "metadata": metadata,
             }
             chunk_meta: dict[str, Any] = {

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from haystack import Document, component, default_from_dict, default_to_dict
@@ -10,6 +11,13 @@ from haystack_osa_memory.markers import check_identifier
 from haystack_osa_memory.store.facts import FACT_AUDIENCE, Candidate, FactRepository
 
 Fusion = Literal["rrf", "lexical_first"]
+
+
+def _is_stale(metadata: dict[str, Any], now_iso: str) -> bool:
+    expires = metadata.get("expires_at")
+    return isinstance(expires, str) and expires <= now_iso
+
+
 _FUSIONS = ("rrf", "lexical_first")
 
 
@@ -168,11 +176,17 @@ class ScopedMemoryRetriever(KnowledgeBaseSettings):
             k1=self.bm25_k1,
             b=self.bm25_b,
         )
+        now = datetime.now(UTC).isoformat()
+        fused = self._fuse(candidates, hybrid)
+        # Facts past their time to live are kept, marked stale and ranked below every fresh one.
+        fused.sort(key=lambda pair: _is_stale(pair[0].metadata, now))
         documents = []
-        for cand, score in self._fuse(candidates, hybrid)[:k]:
+        for cand, score in fused[:k]:
             meta = {
                 "document_id": cand.document_id,
                 "topic": cand.metadata.get("topic"),
+                "kind": cand.metadata.get("kind", "fact"),
+                "stale": _is_stale(cand.metadata, now),
                 "stored_at": cand.updated_at.isoformat(),
                 "created_at": cand.created_at.isoformat(),
                 "lexical_rank": cand.lex_rank,

@@ -24,6 +24,8 @@ from haystack_osa_memory.errors import DatabaseError
 FACT_SOURCE = "agent_fact"
 FACT_AUDIENCE = "ai_internal"
 
+# Upsert by deterministic id. A retired (forgotten) fact stored again starts afresh; otherwise the
+# status a review or feedback gave it is kept. The WHERE refuses to touch a row of another scope.
 UPSERT_GOVERNING_ROW = sql.SQL(
     """INSERT INTO {schema}.{gov}
     (id, org_id, specialist_id, dataset, source, audience, status, content_hash, title, metadata)
@@ -31,14 +33,21 @@ UPSERT_GOVERNING_ROW = sql.SQL(
             %(content_hash)s, %(title)s, %(metadata)s)
     ON CONFLICT (id) DO UPDATE SET
         specialist_id = EXCLUDED.specialist_id,
-        title = EXCLUDED.title,
-        metadata = {schema}.{gov}.metadata || EXCLUDED.metadata,
+        title = coalesce(EXCLUDED.title, {schema}.{gov}.title),
+        status = CASE WHEN {schema}.{gov}.status = 'retired' THEN EXCLUDED.status ELSE {schema}.{gov}.status END,
+        metadata = CASE WHEN {schema}.{gov}.status = 'retired' THEN EXCLUDED.metadata
+                        ELSE {schema}.{gov}.metadata || EXCLUDED.metadata END,
+        created_at = CASE WHEN {schema}.{gov}.status = 'retired' THEN now() ELSE {schema}.{gov}.created_at END,
         updated_at = now()
     WHERE {schema}.{gov}.org_id = EXCLUDED.org_id
       AND {schema}.{gov}.source = EXCLUDED.source
       AND {schema}.{gov}.content_hash = EXCLUDED.content_hash
       AND {schema}.{gov}.metadata->>'assignment_id' = EXCLUDED.metadata->>'assignment_id'
-    RETURNING id"""
+    RETURNING id, status"""
+)
+INSERT_AUDIT = sql.SQL(
+    """INSERT INTO {mem}.audit (actor, action, org_id, assignment_id, document_id, details)
+    VALUES (%(actor)s, %(action)s, %(org_id)s, %(assignment_id)s, %(document_id)s, %(details)s)"""
 )
 UPSERT_CHUNK = sql.SQL(
     """INSERT INTO {schema}.{chunk} (id, embedding, content, meta)
@@ -164,9 +173,18 @@ class FactRepository:
         self._upsert_chunk = UPSERT_CHUNK.format(**names)
         self._candidates = SCOPED_CANDIDATES.format(**names)
         self._governing_rows = GOVERNING_ROWS.format(**names)
+        self._insert_audit = INSERT_AUDIT.format(mem=sql.Identifier(config.memory_schema))
 
-    def write(self, items: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> list[str]:
+    def write(
+        self,
+        items: Sequence[tuple[dict[str, Any], dict[str, Any]]],
+        *,
+        audit: dict[str, Any] | None = None,
+    ) -> list[str]:
         """Upsert governing rows and their chunks in ONE transaction: all become visible, or none.
+
+        With ``audit`` (``actor``, ``action``), one audit row per fact is appended in the same
+        transaction (the audit table lives in ``config.memory_schema``).
 
         Raises:
             DatabaseError: the database failed, or an id is taken by a document of another scope.
@@ -179,6 +197,18 @@ class FactRepository:
                 if result is None:
                     msg = f"document id {row['id']} belongs to another document; refusing to overwrite it"
                     raise DatabaseError(msg)
+                if audit is not None:
+                    conn.execute(
+                        self._insert_audit,
+                        {
+                            "actor": audit["actor"],
+                            "action": audit["action"],
+                            "org_id": row["org_id"],
+                            "assignment_id": row["metadata"].get("assignment_id"),
+                            "document_id": row["id"],
+                            "details": json.dumps({"status": result[1], "kind": row["metadata"].get("kind")}),
+                        },
+                    )
                 conn.execute(
                     self._upsert_chunk,
                     {

@@ -19,7 +19,7 @@ from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.database import transaction
 from haystack_osa_memory.errors import SchemaError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 CREATE_EXTENSION = sql.SQL("CREATE EXTENSION IF NOT EXISTS vector")
 CREATE_SCHEMA = sql.SQL("CREATE SCHEMA IF NOT EXISTS {schema}")
@@ -70,6 +70,45 @@ CREATE_TOKENS_TABLE = sql.SQL(
 )
 CREATE_VERSION_TABLE = sql.SQL(
     "CREATE TABLE IF NOT EXISTS {schema}.schema_version (version INTEGER NOT NULL, applied_at TIMESTAMPTZ NOT NULL)"
+)
+# Version 2: the governed lifecycle (feedback, reads, audit, kill switches).
+CREATE_FEEDBACK_TABLE = sql.SQL(
+    """CREATE TABLE IF NOT EXISTS {schema}.feedback (
+    document_id VARCHAR(128) NOT NULL,
+    run_id TEXT NOT NULL,
+    verdict VARCHAR(16) NOT NULL CHECK (verdict IN ('confirm', 'flag')),
+    note TEXT,
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (document_id, run_id))"""
+)
+CREATE_READS_TABLE = sql.SQL(
+    """CREATE TABLE IF NOT EXISTS {schema}.reads (
+    document_id VARCHAR(128) NOT NULL,
+    run_id TEXT NOT NULL,
+    first_read_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (document_id, run_id))"""
+)
+CREATE_AUDIT_TABLE = sql.SQL(
+    """CREATE TABLE IF NOT EXISTS {schema}.audit (
+    id BIGSERIAL PRIMARY KEY,
+    at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+    actor TEXT NOT NULL,
+    action VARCHAR(32) NOT NULL,
+    org_id TEXT,
+    assignment_id TEXT,
+    document_id VARCHAR(128),
+    details JSONB NOT NULL DEFAULT '{{}}'::jsonb)"""
+)
+CREATE_AUDIT_INDEX = sql.SQL("CREATE INDEX IF NOT EXISTS audit_scope_idx ON {schema}.audit (org_id, assignment_id, id)")
+CREATE_SWITCHES_TABLE = sql.SQL(
+    """CREATE TABLE IF NOT EXISTS {schema}.switches (
+    org_id TEXT NOT NULL,
+    assignment_id TEXT NOT NULL,
+    enabled BOOLEAN NOT NULL,
+    reason TEXT,
+    updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (org_id, assignment_id))"""
 )
 READ_VERSION = sql.SQL("SELECT max(version) FROM {schema}.schema_version")
 WRITE_VERSION = sql.SQL("INSERT INTO {schema}.schema_version (version, applied_at) VALUES (%s, now())")
@@ -128,6 +167,10 @@ def ensure_schema(conn_str: str, config: MemoryConfig) -> InitReport:
             f"{config.kb_schema}.{config.governing_table}": (config.kb_schema, config.governing_table),
             f"{config.memory_schema}.tokens": (config.memory_schema, "tokens"),
             f"{config.memory_schema}.schema_version": (config.memory_schema, "schema_version"),
+            f"{config.memory_schema}.feedback": (config.memory_schema, "feedback"),
+            f"{config.memory_schema}.reads": (config.memory_schema, "reads"),
+            f"{config.memory_schema}.audit": (config.memory_schema, "audit"),
+            f"{config.memory_schema}.switches": (config.memory_schema, "switches"),
         }
         for label, (schema, table) in names.items():
             (report.existing if _exists(conn, schema, table) else report.created).append(label)
@@ -164,6 +207,14 @@ def ensure_schema(conn_str: str, config: MemoryConfig) -> InitReport:
         )
         conn.execute(CREATE_TOKENS_TABLE.format(schema=mem))
         conn.execute(CREATE_VERSION_TABLE.format(schema=mem))
+        for statement in (
+            CREATE_FEEDBACK_TABLE,
+            CREATE_READS_TABLE,
+            CREATE_AUDIT_TABLE,
+            CREATE_AUDIT_INDEX,
+            CREATE_SWITCHES_TABLE,
+        ):
+            conn.execute(statement.format(schema=mem))
         row = conn.execute(READ_VERSION.format(schema=mem)).fetchone()
         report.version_before = row[0] if row else None
         if report.version_before != SCHEMA_VERSION:

@@ -1,6 +1,6 @@
 """MCP tool `kb_memory_store`: a thin Hayhooks wrapper over the package's store pipeline."""
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from hayhooks import BasePipelineWrapper
 from pydantic import Field
@@ -18,6 +18,8 @@ class PipelineWrapper(BasePipelineWrapper):
         self,
         fact: Annotated[str, Field(min_length=1, max_length=2000)],
         topic: Annotated[str | None, Field(min_length=1, max_length=120)] = None,
+        kind: Literal["fact", "procedure", "pitfall", "preference", "reference"] = "fact",
+        ttl_days: Annotated[int | None, Field(ge=1, le=3650)] = None,
     ) -> dict[str, Any]:
         """Store a durable fact in the memory of the assignment you are working on, for later sessions.
 
@@ -27,5 +29,7 @@ class PipelineWrapper(BasePipelineWrapper):
         Args:
             fact: The fact to remember, 1 to 2000 characters, self-contained (who/what/why).
             topic: Optional short topic to group facts, at most 120 characters.
+            kind: What sort of knowledge this is: fact, procedure, pitfall, preference or reference.
+            ttl_days: Optional time to live in days; afterwards the fact is returned marked stale.
         """
-        return self.memory.store(fact, topic, caller=require_caller())
+        return self.memory.store(fact, topic, kind=kind, ttl_days=ttl_days, caller=require_caller())

@@ -15,7 +15,15 @@ from tests.e2e.conftest import Server, call, with_session
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
-OUR_TOOLS = {"kb_memory_store", "kb_memory_recall"}
+OUR_TOOLS = {
+    "kb_memory_store",
+    "kb_memory_recall",
+    "kb_memory_read",
+    "kb_memory_feedback",
+    "kb_memory_propose",
+    "kb_memory_forget",
+    "kb_memory_list",
+}
 
 
 def test_only_our_tools_are_listed(server: Server) -> None:
@@ -30,7 +38,7 @@ def test_only_our_tools_are_listed(server: Server) -> None:
     assert store.description
     assert store.description.startswith("Store a durable fact")
     props = store.inputSchema["properties"]
-    assert set(props) == {"fact", "topic"}
+    assert set(props) == {"fact", "topic", "kind", "ttl_days"}
     assert store.inputSchema["additionalProperties"] is False
     assert tools["kb_memory_recall"].inputSchema["properties"]["limit"]["maximum"] == 20
 
@@ -78,7 +86,7 @@ def test_store_recall_and_restart(server: Server) -> None:
     assert fact["content"] == "The staging VPN profile is called stg-eu"
     assert fact["document_id"] == stored["document_id"]
     assert fact["topic"] == "vpn"
-    assert set(fact) == {"document_id", "content", "topic", "score", "stored_at"}
+    assert set(fact) == {"document_id", "content", "topic", "score", "stored_at", "kind", "stale"}
 
 
 def test_two_tokens_never_see_each_other(server: Server) -> None:

@@ -311,6 +311,7 @@ class LookupDocumentEmbedder:
 def kb(pg_conn_str: str) -> Iterator[ScaledKb]:
     """The scaled knowledge base, built once for this module in its own schema (like ``config``)."""
     config = new_schema_config(pg_conn_str)
+    assert "archived" not in config.admitted_statuses
     ensure_schema(pg_conn_str, config)
     rng = np.random.default_rng(SEED)
     targets = _make_targets(rng, random.Random(SEED))
@@ -336,13 +337,11 @@ def kb(pg_conn_str: str) -> Iterator[ScaledKb]:
 def _assert_in_scope(kb: ScaledKb, document_ids: list[str]) -> None:
     """Every id is one of the target facts, and its governing row is the target scope's."""
     assert set(document_ids) <= kb.target_ids, "a document outside the 30 target facts was returned"
-    for row in kb.repo.governing_rows(document_ids).values():
-        assert (row.org_id, row.assignment_id, row.audience, row.status) == (
-            TARGET.org_id,
-            TARGET.assignment_id,
-            FACT_AUDIENCE,
-            "approved",
-        )
+    rows = kb.repo.governing_rows(document_ids)
+    assert set(rows) == set(document_ids)
+    for row in rows.values():
+        assert (row.org_id, row.assignment_id, row.audience) == (TARGET.org_id, TARGET.assignment_id, FACT_AUDIENCE)
+        assert row.status in kb.config.admitted_statuses
 
 
 def test_knowledge_base_is_crowded(kb: ScaledKb) -> None:
@@ -432,7 +431,7 @@ def test_repeated_query_on_one_pooled_connection_does_not_degrade(kb: ScaledKb) 
         "org_id": TARGET.org_id,
         "assignment_id": TARGET.assignment_id,
         "audiences": [FACT_AUDIENCE],
-        "statuses": ["approved"],
+        "statuses": list(kb.config.admitted_statuses),
         "language": "english",
         "query": t.crowded_query,
         "embedding": vector_literal(t.query_vector.tolist()),

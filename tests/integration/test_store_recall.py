@@ -50,7 +50,13 @@ class TestStore:
             "ai_internal",
             "approved",
         )
-        assert metadata == {"assignment_id": "asg-alpha", "osa_memory": True, "topic": "deploy"}
+        assert metadata == {
+            "assignment_id": "asg-alpha",
+            "osa_memory": True,
+            "topic": "deploy",
+            "kind": "fact",
+            "stored_by": "local:spec-1",
+        }
         stored = add_marker("Staging deploys need the VPN", "asg-alpha")
         assert digest == content_hash(stored)
         assert result["document_id"] == document_id("acme", dataset, digest)
@@ -67,7 +73,9 @@ class TestStore:
         before = row_counts(pg_conn_str, config)
         second = memory.store("Builds cache lives in /var/cache/ci", topic="ci", caller=alice)
         assert first["document_id"] == second["document_id"]
-        assert row_counts(pg_conn_str, config) == before
+        after = row_counts(pg_conn_str, config)
+        assert after.pop("audit") == before.pop("audit") + 1  # every write is audited
+        assert after == before
         assert before["org_documents"] == 1
         assert before["haystack_documents"] == 1
 
@@ -105,7 +113,8 @@ class TestStore:
         assert a["document_id"] != b["document_id"]
         row_a = _gov_row(pg_conn_str, config, a["document_id"])
         assert row_a is not None
-        assert row_a[5] == {"assignment_id": "asg-alpha", "osa_memory": True, "topic": "secrets"}
+        assert row_a[5]["assignment_id"] == "asg-alpha"
+        assert row_a[5]["topic"] == "secrets"
         got_a = memory.recall("API key vault", caller=alice)["facts"]
         got_b = memory.recall("API key vault", caller=bob)["facts"]
         assert [f["document_id"] for f in got_a] == [a["document_id"]]
@@ -184,7 +193,7 @@ class TestRecall:
         assert "degraded" not in result
         facts = result["facts"]
         assert len(facts) == 2
-        assert set(facts[0]) == {"document_id", "content", "topic", "score", "stored_at"}
+        assert set(facts[0]) == {"document_id", "content", "topic", "score", "stored_at", "kind", "stale"}
         assert facts[0]["score"] >= facts[1]["score"] > 0
         assert all("Lunch" not in f["content"] for f in facts)
 

@@ -1,0 +1,412 @@
+"""SQL of the governed lifecycle: read, feedback and trust, forget, list, review, kill switches, audit.
+
+Every change and its audit row are written in one transaction. Every statement that touches a fact
+is scoped by its governing row (org, source `agent_fact`, `metadata.assignment_id`), so a fact of
+another scope behaves exactly like a fact that does not exist.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from haystack_osa_memory.config import MemoryConfig
+from haystack_osa_memory.database import transaction
+from haystack_osa_memory.errors import InvalidInputError
+from haystack_osa_memory.markers import strip_marker
+from haystack_osa_memory.store.facts import FACT_SOURCE, INSERT_AUDIT
+
+APPROVED, PROPOSED, FLAGGED, REJECTED, RETIRED = "approved", "proposed", "flagged", "rejected", "retired"
+LISTABLE_STATUSES = (APPROVED, PROPOSED, FLAGGED, REJECTED)
+WILDCARD = "*"
+PAGE_SIZE = 20
+
+_SCOPED = sql.SQL(
+    """g.id = %(document_id)s AND g.org_id = %(org_id)s AND g.source = %(source)s
+    AND g.metadata->>'assignment_id' = %(assignment_id)s AND g.status <> 'retired'"""
+)
+
+SELECT_FACT = sql.SQL(
+    "SELECT g.id, g.status, g.title, g.metadata, g.specialist_id, g.created_at, g.updated_at, c.content "
+    "FROM {schema}.{gov} g LEFT JOIN {schema}.{chunk} c ON c.meta->>'document_id' = g.id "
+    "WHERE {scoped}"
+)
+LOCK_FACT = sql.SQL("SELECT g.status FROM {schema}.{gov} g WHERE {scoped} FOR UPDATE")
+RECORD_READ = sql.SQL(
+    "INSERT INTO {mem}.reads (document_id, run_id) VALUES (%s, %s) ON CONFLICT (document_id, run_id) DO NOTHING"
+)
+COUNT_VOTES = sql.SQL(
+    """SELECT count(*) FILTER (WHERE verdict = 'confirm'), count(*) FILTER (WHERE verdict = 'flag'),
+    (SELECT count(*) FROM {mem}.reads r WHERE r.document_id = %(document_id)s)
+    FROM {mem}.feedback WHERE document_id = %(document_id)s"""
+)
+UPSERT_VOTE = sql.SQL(
+    """INSERT INTO {mem}.feedback (document_id, run_id, verdict, note) VALUES (%s, %s, %s, %s)
+    ON CONFLICT (document_id, run_id) DO UPDATE SET verdict = EXCLUDED.verdict, note = EXCLUDED.note,
+    updated_at = now()"""
+)
+SET_STATUS = sql.SQL("UPDATE {schema}.{gov} SET status = %s, updated_at = now() WHERE id = %s")
+RETIRE = sql.SQL(
+    """UPDATE {schema}.{gov} SET status = 'retired', updated_at = now(),
+    metadata = metadata || jsonb_build_object('retired', jsonb_build_object('reason', %s::text, 'by', %s::text,
+                                                                             'at', now()))
+    WHERE id = %s"""
+)
+DELETE_CHUNKS = sql.SQL("DELETE FROM {schema}.{chunk} WHERE meta->>'document_id' = %s")
+DELETE_VOTES = sql.SQL("DELETE FROM {mem}.feedback WHERE document_id = %s")
+DELETE_READS = sql.SQL("DELETE FROM {mem}.reads WHERE document_id = %s")
+LIST_FACTS = sql.SQL(
+    """SELECT g.id, g.status, g.title, g.metadata, g.created_at, g.updated_at, c.content
+    FROM {schema}.{gov} g LEFT JOIN {schema}.{chunk} c ON c.meta->>'document_id' = g.id
+    WHERE g.org_id = %(org_id)s AND g.source = %(source)s AND g.metadata->>'assignment_id' = %(assignment_id)s
+      AND g.status = ANY(%(statuses)s)
+      AND (%(topic)s::text IS NULL OR g.metadata->>'topic' = %(topic)s::text)
+      AND (g.created_at, g.id) > (%(after_at)s::timestamptz, %(after_id)s::text)
+    ORDER BY g.created_at, g.id LIMIT %(limit)s"""
+)
+SCOPE_CONTENTS = sql.SQL(
+    """SELECT g.id, c.content FROM {schema}.{gov} g JOIN {schema}.{chunk} c ON c.meta->>'document_id' = g.id
+    WHERE g.org_id = %s AND g.source = %s AND g.metadata->>'assignment_id' = %s AND g.status <> 'retired'"""
+)
+REVIEW_LIST = sql.SQL(
+    """SELECT g.id, g.org_id, g.metadata->>'assignment_id', g.status, g.title, g.metadata->>'kind', c.content,
+    g.updated_at FROM {schema}.{gov} g LEFT JOIN {schema}.{chunk} c ON c.meta->>'document_id' = g.id
+    WHERE g.source = %(source)s AND g.status IN ('proposed', 'flagged')
+      AND (%(org_id)s::text IS NULL OR g.org_id = %(org_id)s::text)
+      AND (%(assignment_id)s::text IS NULL OR g.metadata->>'assignment_id' = %(assignment_id)s::text)
+    ORDER BY g.updated_at"""
+)
+LOCK_FOR_REVIEW = sql.SQL(
+    "SELECT org_id, metadata->>'assignment_id', status FROM {schema}.{gov} WHERE id = %s AND source = %s FOR UPDATE"
+)
+SWITCH_OFF = sql.SQL(
+    """INSERT INTO {mem}.switches (org_id, assignment_id, enabled, reason) VALUES (%s, %s, false, %s)
+    ON CONFLICT (org_id, assignment_id) DO UPDATE SET enabled = false, reason = EXCLUDED.reason, updated_at = now()"""
+)
+SWITCH_ON = sql.SQL("DELETE FROM {mem}.switches WHERE org_id = %s AND assignment_id = %s")
+IS_OFF = sql.SQL(
+    """SELECT EXISTS (SELECT 1 FROM {mem}.switches WHERE NOT enabled
+    AND (org_id = %(org_id)s OR org_id = '*') AND (assignment_id = %(assignment_id)s OR assignment_id = '*'))"""
+)
+LIST_SWITCHES = sql.SQL("SELECT org_id, assignment_id, reason, updated_at FROM {mem}.switches ORDER BY 1, 2")
+AUDIT_ROWS = sql.SQL(
+    """SELECT id, at, actor, action, org_id, assignment_id, document_id, details FROM {mem}.audit
+    WHERE (%(org_id)s::text IS NULL OR org_id = %(org_id)s::text)
+      AND (%(assignment_id)s::text IS NULL OR assignment_id = %(assignment_id)s::text)
+    ORDER BY id LIMIT %(limit)s"""
+)
+
+_STATEMENTS: dict[str, sql.SQL] = {
+    "SELECT_FACT": SELECT_FACT,
+    "LOCK_FACT": LOCK_FACT,
+    "RECORD_READ": RECORD_READ,
+    "COUNT_VOTES": COUNT_VOTES,
+    "UPSERT_VOTE": UPSERT_VOTE,
+    "SET_STATUS": SET_STATUS,
+    "RETIRE": RETIRE,
+    "DELETE_CHUNKS": DELETE_CHUNKS,
+    "DELETE_VOTES": DELETE_VOTES,
+    "DELETE_READS": DELETE_READS,
+    "LIST_FACTS": LIST_FACTS,
+    "SCOPE_CONTENTS": SCOPE_CONTENTS,
+    "REVIEW_LIST": REVIEW_LIST,
+    "LOCK_FOR_REVIEW": LOCK_FOR_REVIEW,
+    "SWITCH_OFF": SWITCH_OFF,
+    "SWITCH_ON": SWITCH_ON,
+    "IS_OFF": IS_OFF,
+    "LIST_SWITCHES": LIST_SWITCHES,
+    "AUDIT_ROWS": AUDIT_ROWS,
+    "INSERT_AUDIT": INSERT_AUDIT,
+}
+
+_EPOCH = "1970-01-01T00:00:00+00:00"
+
+
+def trust_of(confirms: int, flags: int) -> float:
+    """Trust = (confirms + 1) / (confirms + flags + 2): 0.5 with no votes."""
+    return (confirms + 1) / (confirms + flags + 2)
+
+
+def encode_cursor(created_at: datetime, document_id: str) -> str:
+    raw = json.dumps([created_at.isoformat(), document_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[str, str]:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        at, doc_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        datetime.fromisoformat(at)
+        if not isinstance(doc_id, str):
+            raise TypeError(doc_id)
+    except (ValueError, TypeError) as e:
+        msg = "cursor is not valid: pass the next_cursor value of a previous kb_memory_list answer"
+        raise InvalidInputError(msg) from e
+    return at, doc_id
+
+
+@dataclass(frozen=True)
+class Scope:
+    org_id: str
+    assignment_id: str
+
+
+class LifecycleRepository:
+    """All lifecycle SQL for one configuration."""
+
+    def __init__(self, conn_str: str, config: MemoryConfig) -> None:
+        self.conn_str = conn_str
+        self.config = config
+        names = {
+            "schema": sql.Identifier(config.kb_schema),
+            "gov": sql.Identifier(config.governing_table),
+            "chunk": sql.Identifier(config.chunk_table),
+            "mem": sql.Identifier(config.memory_schema),
+            "scoped": _SCOPED,
+        }
+        self._q = {name: statement.format(**names) for name, statement in _STATEMENTS.items()}
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _params(self, scope: Scope, document_id: str) -> dict[str, Any]:
+        return {
+            "document_id": document_id,
+            "org_id": scope.org_id,
+            "assignment_id": scope.assignment_id,
+            "source": FACT_SOURCE,
+        }
+
+    def _audit(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        actor: str,
+        action: str,
+        org_id: str | None,
+        assignment_id: str | None,
+        document_id: str | None,
+        details: dict[str, Any],
+    ) -> None:
+        conn.execute(
+            self._q["INSERT_AUDIT"],
+            {
+                "actor": actor,
+                "action": action,
+                "org_id": org_id,
+                "assignment_id": assignment_id,
+                "document_id": document_id,
+                "details": json.dumps(details, default=str),
+            },
+        )
+
+    def _votes(self, conn: psycopg.Connection[Any], document_id: str) -> tuple[int, int, int]:
+        row = conn.execute(self._q["COUNT_VOTES"], {"document_id": document_id}).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1]), int(row[2])
+
+    # -- read ------------------------------------------------------------------------------------
+    def read(self, scope: Scope, document_id: str, run_id: str) -> dict[str, Any] | None:
+        """The fact with provenance, recording one read per (run, fact); ``None`` when not in scope."""
+        with transaction(self.conn_str, self.config) as conn:
+            row = conn.execute(self._q["SELECT_FACT"], self._params(scope, document_id)).fetchone()
+            if row is None:
+                return None
+            conn.execute(self._q["RECORD_READ"], (document_id, run_id))
+            confirms, flags, reads = self._votes(conn, document_id)
+        doc_id, status, title, metadata, specialist_id, created_at, updated_at, content = row
+        return {
+            "document_id": doc_id,
+            "content": strip_marker(content) if content is not None else None,
+            "kind": metadata.get("kind", "fact"),
+            "topic": metadata.get("topic"),
+            "title": title,
+            "paths": metadata.get("paths", []),
+            "personas": metadata.get("personas", []),
+            "stored_by": {"token_id": metadata.get("stored_by"), "specialist_id": specialist_id},
+            "stored_at": updated_at.isoformat(),
+            "created_at": created_at.isoformat(),
+            "expires_at": metadata.get("expires_at"),
+            "status": status,
+            "trust": round(trust_of(confirms, flags), 6),
+            "confirms": confirms,
+            "flags": flags,
+            "reads": reads,
+        }
+
+    # -- feedback --------------------------------------------------------------------------------
+    def feedback(
+        self,
+        scope: Scope,
+        document_id: str,
+        *,
+        run_id: str,
+        verdict: str,
+        note: str | None,
+        floor: float,
+        actor: str,
+    ) -> dict[str, Any] | None:
+        """Record (or replace) this run's vote; recompute trust and the flagged status."""
+        with transaction(self.conn_str, self.config) as conn:
+            row = conn.execute(self._q["LOCK_FACT"], self._params(scope, document_id)).fetchone()
+            if row is None:
+                return None
+            status = str(row[0])
+            conn.execute(self._q["UPSERT_VOTE"], (document_id, run_id, verdict, note))
+            confirms, flags, _ = self._votes(conn, document_id)
+            trust = trust_of(confirms, flags)
+            new_status = status
+            if status in (APPROVED, FLAGGED):
+                new_status = FLAGGED if trust < floor else APPROVED
+            if new_status != status:
+                conn.execute(self._q["SET_STATUS"], (new_status, document_id))
+            self._audit(
+                conn,
+                actor=actor,
+                action="feedback",
+                org_id=scope.org_id,
+                assignment_id=scope.assignment_id,
+                document_id=document_id,
+                details={"verdict": verdict, "trust": trust, "status": new_status, "note": note},
+            )
+        return {
+            "document_id": document_id,
+            "trust": round(trust, 6),
+            "status": new_status,
+            "confirms": confirms,
+            "flags": flags,
+        }
+
+    # -- forget ----------------------------------------------------------------------------------
+    def forget(self, scope: Scope, document_id: str, *, reason: str, actor: str) -> bool:
+        """Retire the governing row (reason kept), delete its chunk, votes and reads."""
+        with transaction(self.conn_str, self.config) as conn:
+            row = conn.execute(self._q["LOCK_FACT"], self._params(scope, document_id)).fetchone()
+            if row is None:
+                return False
+            conn.execute(self._q["RETIRE"], (reason, actor, document_id))
+            conn.execute(self._q["DELETE_CHUNKS"], (document_id,))
+            conn.execute(self._q["DELETE_VOTES"], (document_id,))
+            conn.execute(self._q["DELETE_READS"], (document_id,))
+            self._audit(
+                conn,
+                actor=actor,
+                action="forget",
+                org_id=scope.org_id,
+                assignment_id=scope.assignment_id,
+                document_id=document_id,
+                details={"reason": reason, "previous_status": row[0]},
+            )
+        return True
+
+    # -- list ------------------------------------------------------------------------------------
+    def list_facts(self, scope: Scope, *, status: str | None, topic: str | None, cursor: str | None) -> dict[str, Any]:
+        after_at, after_id = decode_cursor(cursor) if cursor else (_EPOCH, "")
+        statuses = [status] if status else list(LISTABLE_STATUSES)
+        params = {
+            "org_id": scope.org_id,
+            "assignment_id": scope.assignment_id,
+            "source": FACT_SOURCE,
+            "statuses": statuses,
+            "topic": topic,
+            "after_at": after_at,
+            "after_id": after_id,
+            "limit": PAGE_SIZE + 1,
+        }
+        with transaction(self.conn_str, self.config) as conn:
+            rows = conn.execute(self._q["LIST_FACTS"], params).fetchall()
+        page, more = rows[:PAGE_SIZE], len(rows) > PAGE_SIZE
+        facts = [
+            {
+                "document_id": r[0],
+                "status": r[1],
+                "title": r[2],
+                "kind": r[3].get("kind", "fact"),
+                "topic": r[3].get("topic"),
+                "content": strip_marker(r[6]) if r[6] is not None else None,
+                "created_at": r[4].isoformat(),
+                "stored_at": r[5].isoformat(),
+            }
+            for r in page
+        ]
+        next_cursor = encode_cursor(page[-1][4], page[-1][0]) if more and page else None
+        return {"assignment_id": scope.assignment_id, "facts": facts, "next_cursor": next_cursor}
+
+    def scope_contents(self, scope: Scope) -> dict[str, str]:
+        """document id -> stored text (marker stripped) of every live fact of the scope."""
+        with transaction(self.conn_str, self.config) as conn:
+            rows = conn.execute(self._q["SCOPE_CONTENTS"], (scope.org_id, FACT_SOURCE, scope.assignment_id)).fetchall()
+        return {r[0]: strip_marker(r[1] or "") for r in rows}
+
+    # -- review ----------------------------------------------------------------------------------
+    def review_list(self, org_id: str | None = None, assignment_id: str | None = None) -> list[dict[str, Any]]:
+        params = {"source": FACT_SOURCE, "org_id": org_id, "assignment_id": assignment_id}
+        with transaction(self.conn_str, self.config) as conn:
+            rows = conn.execute(self._q["REVIEW_LIST"], params).fetchall()
+        keys = ("document_id", "org_id", "assignment_id", "status", "title", "kind", "content", "updated_at")
+        out = [dict(zip(keys, r, strict=True)) for r in rows]
+        for item in out:
+            item["content"] = strip_marker(item["content"] or "")
+        return out
+
+    def review(self, document_id: str, *, accept: bool, actor: str, note: str | None) -> dict[str, Any]:
+        """Accept (-> approved) or reject (-> rejected) a proposed or flagged fact."""
+        with transaction(self.conn_str, self.config) as conn:
+            row = conn.execute(self._q["LOCK_FOR_REVIEW"], (document_id, FACT_SOURCE)).fetchone()
+            if row is None or row[2] not in (PROPOSED, FLAGGED):
+                msg = f"no proposed or flagged fact with id {document_id}: see `osa-memory review list`"
+                raise InvalidInputError(msg)
+            org_id, assignment_id, status = row
+            new_status = APPROVED if accept else REJECTED
+            conn.execute(self._q["SET_STATUS"], (new_status, document_id))
+            self._audit(
+                conn,
+                actor=actor,
+                action="review",
+                org_id=org_id,
+                assignment_id=assignment_id,
+                document_id=document_id,
+                details={"from": status, "to": new_status, "note": note},
+            )
+        return {"document_id": document_id, "status": new_status, "previous_status": status}
+
+    # -- switches --------------------------------------------------------------------------------
+    def set_switch(self, org_id: str, assignment_id: str, *, enabled: bool, actor: str, reason: str | None) -> None:
+        with transaction(self.conn_str, self.config) as conn:
+            if enabled:
+                conn.execute(self._q["SWITCH_ON"], (org_id, assignment_id))
+            else:
+                conn.execute(self._q["SWITCH_OFF"], (org_id, assignment_id, reason))
+            self._audit(
+                conn,
+                actor=actor,
+                action="switch",
+                org_id=org_id,
+                assignment_id=assignment_id,
+                document_id=None,
+                details={"enabled": enabled, "reason": reason},
+            )
+
+    def is_off(self, org_id: str, assignment_id: str) -> bool:
+        with transaction(self.conn_str, self.config) as conn:
+            row = conn.execute(self._q["IS_OFF"], {"org_id": org_id, "assignment_id": assignment_id}).fetchone()
+        return bool(row and row[0])
+
+    def switches(self) -> list[dict[str, Any]]:
+        with transaction(self.conn_str, self.config) as conn:
+            rows = conn.execute(self._q["LIST_SWITCHES"]).fetchall()
+        return [dict(zip(("org_id", "assignment_id", "reason", "updated_at"), r, strict=True)) for r in rows]
+
+    # -- audit -----------------------------------------------------------------------------------
+    def audit(
+        self, *, org_id: str | None = None, assignment_id: str | None = None, limit: int = 1000
+    ) -> list[dict[str, Any]]:
+        params = {"org_id": org_id, "assignment_id": assignment_id, "limit": limit}
+        with transaction(self.conn_str, self.config) as conn:
+            rows = conn.execute(self._q["AUDIT_ROWS"], params).fetchall()
+        keys = ("id", "at", "actor", "action", "org_id", "assignment_id", "document_id", "details")
+        return [dict(zip(keys, r, strict=True)) for r in rows]

@@ -1,0 +1,29 @@
+"""MCP tool `kb_memory_feedback`: confirm or flag a fact."""
+
+from typing import Annotated, Any, Literal
+
+from hayhooks import BasePipelineWrapper
+from pydantic import Field
+
+from haystack_osa_memory import require_caller, shared_memory
+
+
+class PipelineWrapper(BasePipelineWrapper):
+    def setup(self) -> None:
+        self.memory = shared_memory()
+        self.memory.warm_up()
+
+    def run_api(
+        self,
+        document_id: Annotated[str, Field(min_length=64, max_length=64)],
+        verdict: Literal["confirm", "flag"],
+        note: Annotated[str | None, Field(min_length=1, max_length=500)] = None,
+    ) -> dict[str, Any]:
+        """Confirm a fact that proved right, or flag one that proved wrong; one vote per run and fact.
+
+        Args:
+            document_id: The fact's 64-character id.
+            verdict: confirm or flag.
+            note: Optional reason, at most 500 characters, without secrets.
+        """
+        return self.memory.feedback(document_id, verdict, note, caller=require_caller())

@@ -1,0 +1,27 @@
+"""MCP tool `kb_memory_forget`: retract a fact."""
+
+from typing import Annotated, Any
+
+from hayhooks import BasePipelineWrapper
+from pydantic import Field
+
+from haystack_osa_memory import require_caller, shared_memory
+
+
+class PipelineWrapper(BasePipelineWrapper):
+    def setup(self) -> None:
+        self.memory = shared_memory()
+        self.memory.warm_up()
+
+    def run_api(
+        self,
+        document_id: Annotated[str, Field(min_length=64, max_length=64)],
+        reason: Annotated[str, Field(min_length=1, max_length=500)],
+    ) -> dict[str, Any]:
+        """Retract a fact of this assignment for good: it is never recalled, read or listed again.
+
+        Args:
+            document_id: The fact's 64-character id.
+            reason: Why it is retracted (kept for the audit), at most 500 characters.
+        """
+        return self.memory.forget(document_id, reason, caller=require_caller())

@@ -1,0 +1,22 @@
+"""MCP tool `kb_memory_read`: one fact with its provenance."""
+
+from typing import Annotated, Any
+
+from hayhooks import BasePipelineWrapper
+from pydantic import Field
+
+from haystack_osa_memory import require_caller, shared_memory
+
+
+class PipelineWrapper(BasePipelineWrapper):
+    def setup(self) -> None:
+        self.memory = shared_memory()
+        self.memory.warm_up()
+
+    def run_api(self, document_id: Annotated[str, Field(min_length=64, max_length=64)]) -> dict[str, Any]:
+        """Read one fact of this assignment in full, with provenance, status and trust.
+
+        Args:
+            document_id: The 64-character id returned by kb_memory_store, kb_memory_recall or kb_memory_list.
+        """
+        return self.memory.read(document_id, caller=require_caller())
