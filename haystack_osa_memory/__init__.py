@@ -1,5 +1,11 @@
 """haystack-osa-memory: assignment-scoped, governed agent memory in a Haystack + pgvector knowledge base."""
 
+import os as _os
+
+# Nothing leaves the machine unless asked: Haystack's usage telemetry is off unless the environment
+# turns it on explicitly (HAYSTACK_TELEMETRY_ENABLED=True). Set before Haystack is imported.
+_os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
+
 from haystack_osa_memory.caller import Caller, caller_scope, current_caller, require_caller
 from haystack_osa_memory.components import (
     GovernedFactWriter,

@@ -30,6 +30,12 @@ token_app = typer.Typer(
     help="Create, list and revoke access tokens (each bound to one org and assignment).", no_args_is_help=True
 )
 app.add_typer(token_app, name="token")
+review_app = typer.Typer(help="Review proposed and flagged facts.", no_args_is_help=True)
+app.add_typer(review_app, name="review")
+assignment_app = typer.Typer(help="Kill switch for one assignment.", no_args_is_help=True)
+app.add_typer(assignment_app, name="assignment")
+org_app = typer.Typer(help="Kill switch for a whole org.", no_args_is_help=True)
+app.add_typer(org_app, name="org")
 
 out = Console()
 err = Console(stderr=True)
@@ -287,6 +293,162 @@ def status(data_dir: DataDir = None, as_json: JsonFlag = False) -> None:
         return
     for key, value in data.items():
         out.print(f"{key:>16}: {value}", highlight=False)
+
+
+def _operator() -> str:
+    """The audit actor of CLI commands: `cli:<login>`."""
+    import getpass
+
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return "cli:unknown"
+
+
+def _lifecycle(config: MemoryConfig) -> Any:
+    from haystack_osa_memory.store.lifecycle import LifecycleRepository
+
+    return LifecycleRepository(_connect(config), config)
+
+
+@review_app.command("list")
+def review_list(
+    org: Annotated[str | None, typer.Option("--org", help="Only this org.")] = None,
+    assignment: Annotated[str | None, typer.Option("--assignment", help="Only this assignment.")] = None,
+    data_dir: DataDir = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """List proposed and flagged facts waiting for a decision."""
+    config = _config(data_dir)
+    try:
+        rows = _lifecycle(config).review_list(org, assignment)
+    except OsaMemoryError as e:
+        _fail(str(e))
+    if as_json:
+        _emit(rows, True)
+        return
+    table = Table("document id", "org", "assignment", "status", "kind", "fact")
+    for r in rows:
+        table.add_row(r["document_id"], r["org_id"], r["assignment_id"], r["status"], r["kind"] or "fact", r["content"])
+    out.print(table)
+
+
+def _review(document_id: str, accept: bool, note: str | None, data_dir: Path | None, as_json: bool) -> None:
+    config = _config(data_dir)
+    try:
+        result = _lifecycle(config).review(document_id, accept=accept, actor=_operator(), note=note)
+    except OsaMemoryError as e:
+        _fail(str(e))
+    if as_json:
+        _emit(result, True)
+    else:
+        out.print(f"{document_id}: {result['previous_status']} -> {result['status']}")
+
+
+@review_app.command("accept")
+def review_accept(
+    document_id: Annotated[str, typer.Argument(help="Id from `review list`.")],
+    note: Annotated[str | None, typer.Option("--note", help="Why (kept in the audit).")] = None,
+    data_dir: DataDir = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Accept a proposed or flagged fact: recall returns it again."""
+    _review(document_id, True, note, data_dir, as_json)
+
+
+@review_app.command("reject")
+def review_reject(
+    document_id: Annotated[str, typer.Argument(help="Id from `review list`.")],
+    note: Annotated[str | None, typer.Option("--note", help="Why (kept in the audit).")] = None,
+    data_dir: DataDir = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Reject a proposed or flagged fact: recall never returns it."""
+    _review(document_id, False, note, data_dir, as_json)
+
+
+def _switch(org: str, assignment: str, enabled: bool, reason: str | None, data_dir: Path | None) -> None:
+    from haystack_osa_memory.markers import check_identifier
+    from haystack_osa_memory.store.lifecycle import WILDCARD
+
+    config = _config(data_dir)
+    try:
+        for value, what in ((org, "org"), (assignment, "assignment")):
+            if value != WILDCARD:
+                check_identifier(value, what)
+        _lifecycle(config).set_switch(org, assignment, enabled=enabled, actor=_operator(), reason=reason)
+    except OsaMemoryError as e:
+        _fail(str(e))
+    scope = f"org {org}" if assignment == WILDCARD else f"assignment {assignment} (org {org})"
+    out.print(f"memory {'on' if enabled else 'off'} for {scope}")
+
+
+@assignment_app.command("disable")
+def assignment_disable(
+    assignment: Annotated[str, typer.Argument(help="Assignment id.")],
+    org: Annotated[str, typer.Option("--org", help="Org of the assignment (default: every org).")] = "*",
+    reason: Annotated[str | None, typer.Option("--reason")] = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Turn memory off for an assignment: every tool refuses and nothing is written."""
+    _switch(org, assignment, False, reason, data_dir)
+
+
+@assignment_app.command("enable")
+def assignment_enable(
+    assignment: Annotated[str, typer.Argument(help="Assignment id.")],
+    org: Annotated[str, typer.Option("--org", help="Org of the assignment (default: every org).")] = "*",
+    data_dir: DataDir = None,
+) -> None:
+    """Turn memory back on for an assignment (nothing was lost)."""
+    _switch(org, assignment, True, None, data_dir)
+
+
+@org_app.command("disable")
+def org_disable(
+    org: Annotated[str, typer.Argument(help="Org id.")],
+    reason: Annotated[str | None, typer.Option("--reason")] = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Turn memory off for every assignment of an org."""
+    _switch(org, "*", False, reason, data_dir)
+
+
+@org_app.command("enable")
+def org_enable(org: Annotated[str, typer.Argument(help="Org id.")], data_dir: DataDir = None) -> None:
+    """Turn memory back on for an org."""
+    _switch(org, "*", True, None, data_dir)
+
+
+@app.command()
+def audit(
+    assignment: Annotated[str | None, typer.Option("--assignment", help="Only this assignment.")] = None,
+    org: Annotated[str | None, typer.Option("--org", help="Only this org.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=100000)] = 1000,
+    data_dir: DataDir = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Print the audit log: who changed what, when, on which fact."""
+    config = _config(data_dir)
+    try:
+        rows = _lifecycle(config).audit(org_id=org, assignment_id=assignment, limit=limit)
+    except OsaMemoryError as e:
+        _fail(str(e))
+    if as_json:
+        _emit(rows, True)
+        return
+    table = Table("at", "actor", "action", "org", "assignment", "document", "details")
+    for r in rows:
+        table.add_row(
+            str(r["at"])[:19],
+            r["actor"],
+            r["action"],
+            r["org_id"] or "",
+            r["assignment_id"] or "",
+            (r["document_id"] or "")[:12],
+            json.dumps(r["details"], default=str),
+        )
+    out.print(table)
 
 
 def main() -> None:

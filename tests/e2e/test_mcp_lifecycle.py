@@ -1,0 +1,134 @@
+"""The governed lifecycle over MCP with the official client, and the humans' CLI around it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import row_counts
+from tests.e2e.conftest import Server, call
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration]
+
+
+def test_read_feedback_forget_over_mcp(server: Server) -> None:
+    token = server.token("asg-life")["token"]
+    _, stored = call(
+        server.url,
+        token,
+        "kb_memory_store",
+        {"fact": "Grafana lives at grafana.internal", "topic": "obs", "kind": "reference"},
+    )
+    doc = stored["document_id"]
+    is_error, got = call(server.url, token, "kb_memory_read", {"document_id": doc})
+    assert not is_error
+    assert (got["content"], got["kind"], got["status"], got["trust"]) == (
+        "Grafana lives at grafana.internal",
+        "reference",
+        "approved",
+        0.5,
+    )
+    for _ in range(10):
+        _, voted = call(server.url, token, "kb_memory_feedback", {"document_id": doc, "verdict": "confirm"})
+    assert (voted["confirms"], voted["trust"]) == (1, round(2 / 3, 6))
+    _, listed = call(server.url, token, "kb_memory_list", {})
+    assert [f["document_id"] for f in listed["facts"]] == [doc]
+    _, forgotten = call(server.url, token, "kb_memory_forget", {"document_id": doc, "reason": "moved"})
+    assert forgotten == {"forgotten": True, "document_id": doc}
+    _, recalled = call(server.url, token, "kb_memory_recall", {"query": "grafana"})
+    assert recalled["facts"] == []
+    is_error, text = call(server.url, token, "kb_memory_read", {"document_id": doc})
+    assert is_error
+    assert "no fact" in text
+
+
+def test_scope_probes_answer_as_not_found(server: Server) -> None:
+    owner = server.token("asg-owner")["token"]
+    prober = server.token("asg-prober")["token"]
+    _, stored = call(server.url, owner, "kb_memory_store", {"fact": "Owner-only fact"})
+    doc = stored["document_id"]
+    before = row_counts(server.pg_conn_str, server.config)
+    answers = []
+    for tool, args in (
+        ("kb_memory_read", {"document_id": doc}),
+        ("kb_memory_feedback", {"document_id": doc, "verdict": "flag"}),
+        ("kb_memory_forget", {"document_id": doc, "reason": "probe"}),
+    ):
+        is_error, text = call(server.url, prober, tool, args)
+        assert is_error
+        answers.append(text.replace(doc, "<id>"))
+        is_error, missing = call(server.url, prober, tool, {**args, "document_id": "e" * 64})
+        assert is_error
+        assert missing.replace("e" * 64, "<id>") == answers[-1]
+    assert row_counts(server.pg_conn_str, server.config) == before
+    _, got = call(server.url, owner, "kb_memory_read", {"document_id": doc})
+    assert (got["flags"], got["status"]) == (0, "approved")
+
+
+def test_propose_review_and_audit(server: Server) -> None:
+    token = server.token("asg-review")["token"]
+    is_error, text = call(server.url, token, "kb_memory_propose", {"kind": "decision", "title": "t", "body": "b"})
+    assert is_error
+    assert "kind" in text
+    _, proposed = call(
+        server.url,
+        token,
+        "kb_memory_propose",
+        {
+            "kind": "procedure",
+            "title": "Restart",
+            "body": "Restart the ingest worker after upgrades",
+            "paths": ["ops/ingest.md"],
+        },
+    )
+    doc = proposed["document_id"]
+    assert proposed["status"] == "proposed"
+    _, dup = call(
+        server.url,
+        token,
+        "kb_memory_propose",
+        {"kind": "fact", "title": "Again", "body": "Restart the ingest worker after upgrades"},
+    )
+    assert "duplicate" in dup["rejected"]
+    _, recalled = call(server.url, token, "kb_memory_recall", {"query": "restart ingest worker"})
+    assert recalled["facts"] == []
+    listed = server.cli("review", "list", "--assignment", "asg-review", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [r["document_id"] for r in json.loads(listed.stdout)] == [doc]
+    accepted = server.cli("review", "accept", doc, "--note", "looks right")
+    assert accepted.returncode == 0, accepted.stderr
+    _, recalled = call(server.url, token, "kb_memory_recall", {"query": "restart ingest worker"})
+    assert [f["document_id"] for f in recalled["facts"]] == [doc]
+    audit = server.cli("audit", "--assignment", "asg-review", "--json")
+    assert audit.returncode == 0, audit.stderr
+    assert [r["action"] for r in json.loads(audit.stdout)] == ["propose", "review"]
+    bad = server.cli("review", "accept", doc)
+    assert bad.returncode == 1
+    assert "no proposed or flagged fact" in bad.stderr
+
+
+def test_kill_switch_refuses_with_the_exact_text_and_writes_nothing(server: Server) -> None:
+    token = server.token("asg-switch")["token"]
+    _, stored = call(server.url, token, "kb_memory_store", {"fact": "Survives the switch"})
+    doc = stored["document_id"]
+    off = server.cli("assignment", "disable", "asg-switch", "--org", "acme", "--reason", "incident 42")
+    assert off.returncode == 0, off.stderr
+    before = row_counts(server.pg_conn_str, server.config)
+    for tool, args in (
+        ("kb_memory_store", {"fact": "new"}),
+        ("kb_memory_recall", {"query": "switch"}),
+        ("kb_memory_read", {"document_id": doc}),
+        ("kb_memory_feedback", {"document_id": doc, "verdict": "confirm"}),
+        ("kb_memory_propose", {"kind": "fact", "title": "t", "body": "b"}),
+        ("kb_memory_forget", {"document_id": doc, "reason": "r"}),
+        ("kb_memory_list", {}),
+    ):
+        is_error, text = call(server.url, token, tool, args)
+        assert is_error, tool
+        assert text == "Memory is off for this assignment", tool
+    assert row_counts(server.pg_conn_str, server.config) == before
+    on = server.cli("assignment", "enable", "asg-switch", "--org", "acme")
+    assert on.returncode == 0, on.stderr
+    _, recalled = call(server.url, token, "kb_memory_recall", {"query": "survives switch"})
+    assert [f["document_id"] for f in recalled["facts"]] == [doc]
