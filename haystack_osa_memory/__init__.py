@@ -6,7 +6,7 @@ import os as _os
 # turns it on explicitly (HAYSTACK_TELEMETRY_ENABLED=True). Set before Haystack is imported.
 _os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
 
-from haystack_osa_memory.caller import Caller, caller_scope, current_caller, require_caller
+from haystack_osa_memory.caller import Caller, caller_scope, current_caller, require_caller, scoped_caller
 from haystack_osa_memory.components import (
     GovernedFactWriter,
     GoverningRowAclFilter,
@@ -64,5 +64,6 @@ __all__ = [
     "caller_scope",
     "current_caller",
     "require_caller",
+    "scoped_caller",
     "shared_memory",
 ]

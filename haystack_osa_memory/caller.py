@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from haystack_osa_memory.errors import ScopeError
 from haystack_osa_memory.markers import check_identifier
@@ -23,6 +23,8 @@ class Caller:
     assignment_id: str
     specialist_id: str | None = None
     token_id: str | None = None
+    #: Every assignment the token grants (the default ``assignment_id`` included).
+    grants: tuple[str, ...] = field(default=())
 
     @property
     def run_id(self) -> str:
@@ -34,6 +36,23 @@ class Caller:
         check_identifier(self.assignment_id, "assignment")
         if self.specialist_id is not None:
             check_identifier(self.specialist_id, "specialist")
+        grants = tuple(dict.fromkeys((self.assignment_id, *self.grants)))
+        for grant in grants:
+            check_identifier(grant, "assignment")
+        object.__setattr__(self, "grants", grants)
+
+    def for_assignment(self, assignment: str | None) -> Caller:
+        """This caller acting on ``assignment`` (``None``: the default one), if the token grants it.
+
+        Raises:
+            ScopeError: the assignment is not granted (nothing is revealed about it).
+        """
+        if assignment is None or assignment == self.assignment_id:
+            return self
+        if assignment not in self.grants:
+            msg = f"assignment {assignment!r} is not granted to this token; allowed: {list(self.grants)}"
+            raise ScopeError(msg)
+        return replace(self, assignment_id=assignment)
 
 
 _current: ContextVar[Caller | None] = ContextVar("osa_memory_caller", default=None)
@@ -65,3 +84,8 @@ def caller_scope(caller: Caller) -> Iterator[Caller]:
         yield caller
     finally:
         _current.reset(token)
+
+
+def scoped_caller(assignment: str | None = None) -> Caller:
+    """The authenticated caller acting on ``assignment`` (default: the token's first), if granted."""
+    return require_caller().for_assignment(assignment)

@@ -112,14 +112,14 @@ def serve(
     """Serve the memory tools over MCP (streamable HTTP at /mcp) behind bearer-token auth."""
     import uvicorn
 
-    from haystack_osa_memory.serve import create_app
+    from haystack_osa_memory.serve import CachingVerifier, create_app
     from haystack_osa_memory.store.tokens import TokenStore
 
     config = _config(data_dir)
     conn = _connect(config)
     tokens = TokenStore(conn, config)
     try:
-        asgi = create_app(tokens.verify, pipelines_dir)
+        asgi = create_app(CachingVerifier(tokens.verify, config.offline_grace), pipelines_dir)
     except Exception as e:
         _fail(f"the MCP tools could not be loaded: {type(e).__name__}: {e}")
     where = "PG_CONN_STR" if config.pg_conn_str else f"embedded PostgreSQL in {config.data_dir}"
@@ -130,20 +130,26 @@ def serve(
 @token_app.command("create")
 def token_create(
     org: Annotated[str, typer.Option("--org", help="Org the token acts for.")],
-    assignment: Annotated[str, typer.Option("--assignment", help="Assignment whose memory the token uses.")],
+    assignment: Annotated[
+        list[str], typer.Option("--assignment", help="Assignment the token may use; repeat to grant several.")
+    ],
     specialist: Annotated[str | None, typer.Option("--specialist", help="Specialist id, recorded on facts.")] = None,
     expires_in: Annotated[str | None, typer.Option("--expires-in", help="Lifetime such as 30m, 8h, 7d.")] = None,
     data_dir: DataDir = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Create a token; it is printed once (only its hash is stored)."""
+    """Create a token; it is printed once (only its hash is stored). The first assignment is the default."""
     from haystack_osa_memory.store.tokens import TokenStore, parse_duration
 
     config = _config(data_dir)
     try:
         lifetime = parse_duration(expires_in) if expires_in else None
         issued = TokenStore(_connect(config), config).create(
-            org_id=org, assignment_id=assignment, specialist_id=specialist, expires_in=lifetime
+            org_id=org,
+            assignment_id=assignment[0],
+            specialist_id=specialist,
+            expires_in=lifetime,
+            extra_assignments=assignment[1:],
         )
     except OsaMemoryError as e:
         _fail(str(e))
@@ -151,7 +157,8 @@ def token_create(
         "token_id": issued.token_id,
         "token": issued.token,
         "org": org,
-        "assignment": assignment,
+        "assignment": assignment[0],
+        "assignments": list(issued.caller.grants),
         "specialist": specialist,
         "expires_at": issued.expires_at.isoformat() if issued.expires_at else None,
     }
@@ -159,9 +166,9 @@ def token_create(
         _emit(data, True)
         return
     out.print(issued.token, highlight=False, soft_wrap=True)
+    expiry = f"expires {issued.expires_at.isoformat()}" if issued.expires_at else "no expiry"
     err.print(
-        f"token id {issued.token_id} for org {org}, assignment {assignment}"
-        f"{', expires ' + data['expires_at'] if data['expires_at'] else ', no expiry'}. "
+        f"token id {issued.token_id} for org {org}, assignment(s) {', '.join(issued.caller.grants)}, {expiry}. "
         "Store it now: it is not shown again.",
         highlight=False,
     )
@@ -198,12 +205,12 @@ def token_list(data_dir: DataDir = None, as_json: JsonFlag = False) -> None:
     if as_json:
         _emit(rows, True)
         return
-    table = Table("token id", "org", "assignment", "specialist", "expires", "revoked")
+    table = Table("token id", "org", "assignments", "specialist", "expires", "revoked")
     for r in rows:
         table.add_row(
             r["token_id"],
             r["org_id"],
-            r["assignment_id"],
+            ", ".join(r["assignments"]),
             r["specialist_id"] or "",
             str(r["expires_at"] or ""),
             str(r["revoked_at"] or ""),

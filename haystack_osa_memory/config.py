@@ -30,6 +30,8 @@ ENVIRONMENT: dict[str, str] = {
     "OSA_MEMORY_POOL_TIMEOUT": "pool_timeout",
     "OSA_MEMORY_ENABLED": "enabled",
     "OSA_MEMORY_TRUST_FLOOR": "trust_floor",
+    "OSA_MEMORY_BUFFER": "buffer_path",
+    "OSA_MEMORY_OFFLINE_GRACE": "offline_grace",
 }
 
 
@@ -69,6 +71,13 @@ class MemoryConfig(BaseModel):
     pool_timeout: float = Field(default=5.0, gt=0, le=120)
     enabled: bool = True
     trust_floor: float = Field(default=0.3, ge=0, le=1)
+    buffer_path: Path | None = None
+    offline_grace: float = Field(default=900.0, ge=0, le=86400)
+
+    @property
+    def offline_buffer_path(self) -> Path:
+        """Where facts wait while the database is unreachable (default: `<data_dir>/offline-buffer.jsonl`)."""
+        return self.buffer_path or self.data_dir / "offline-buffer.jsonl"
 
     @field_validator("kb_schema", "chunk_table", "governing_table", "memory_schema", "language")
     @classmethod

@@ -117,3 +117,45 @@ def transaction(conn_str: str, config: MemoryConfig | None = None) -> Iterator[p
     except psycopg.Error as e:
         msg = f"database error: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
         raise DatabaseError(msg) from e
+
+
+PROBE = "SELECT 1"
+_UNAUTHORISED_STATES = ("28", "42501")  # invalid authorization class; insufficient privilege
+
+
+def classify(error: BaseException) -> str:
+    """`unreachable`, `unauthorised` or `erroring` for a database failure."""
+    cause = error
+    while isinstance(cause, DatabaseError) and cause.__cause__ is not None:
+        cause = cause.__cause__
+    if isinstance(cause, PoolTimeout):
+        return "unreachable"
+    if isinstance(cause, psycopg.Error):
+        state = getattr(cause, "sqlstate", None) or ""
+        if state.startswith(_UNAUTHORISED_STATES):
+            return "unauthorised"
+        text = str(cause).lower()
+        if (
+            "password authentication failed" in text
+            or "no pg_hba.conf entry" in text
+            or ("role" in text and "does not exist" in text)
+        ):
+            return "unauthorised"
+        if isinstance(cause, psycopg.OperationalError):
+            return "unreachable"
+        return "erroring"
+    return "erroring"
+
+
+def probe(conn_str: str, config: MemoryConfig, check_sql: Any = None, params: Any = None) -> tuple[str, str | None]:
+    """Connect directly (not through the pool, to see the real reason) and run one query.
+
+    :returns: (`ok` | `unreachable` | `unauthorised` | `erroring`, detail or None)
+    """
+    try:
+        with psycopg.connect(conn_str, **{**connection_kwargs(config), "connect_timeout": 3}) as conn:
+            conn.execute(check_sql or PROBE, params)
+    except psycopg.Error as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return classify(e), first
+    return "ok", None

@@ -10,14 +10,23 @@ from typing import Any
 from haystack import Document, Pipeline
 from haystack.core.errors import PipelineRuntimeError
 
+from haystack_osa_memory.buffer import OfflineBuffer
 from haystack_osa_memory.caller import Caller
 from haystack_osa_memory.config import MemoryConfig
-from haystack_osa_memory.database import resolve_connection_string
+from haystack_osa_memory.database import classify, resolve_connection_string
 from haystack_osa_memory.embedders import build_embedders
-from haystack_osa_memory.errors import InvalidInputError, MemoryOffError, NotFoundError, OsaMemoryError
+from haystack_osa_memory.errors import DatabaseError, InvalidInputError, MemoryOffError, NotFoundError, OsaMemoryError
+from haystack_osa_memory.markers import add_marker, content_hash, document_id
 from haystack_osa_memory.pipelines import build_customer_search_pipeline, build_recall_pipeline, build_store_pipeline
 from haystack_osa_memory.redaction_gate import secret_classes
-from haystack_osa_memory.store.lifecycle import LISTABLE_STATUSES, PROPOSED, LifecycleRepository, Scope
+from haystack_osa_memory.store.facts import FACT_SOURCE
+from haystack_osa_memory.store.lifecycle import (
+    LISTABLE_STATUSES,
+    PROPOSED,
+    LifecycleRepository,
+    Scope,
+    count_scope_statement,
+)
 from haystack_osa_memory.store.schema import InitReport, ensure_schema
 from haystack_osa_memory.validation import (
     KINDS,
@@ -58,8 +67,12 @@ def _run(pipe: Pipeline, data: dict[str, Any], include: set[str] | None = None) 
     except PipelineRuntimeError as e:
         cause = _unwrap(e)
         if isinstance(cause, OsaMemoryError):
-            raise cause from None
+            raise cause from cause.__cause__  # keep the database error underneath (offline detection)
         raise
+
+
+def _scope_params(caller: Caller) -> dict[str, Any]:
+    return {"org_id": caller.org_id, "assignment_id": caller.assignment_id, "source": FACT_SOURCE}
 
 
 def _not_found(document_id: str) -> str:
@@ -110,6 +123,8 @@ class Memory:
         self.store_pipeline: Pipeline | None = None
         self.recall_pipeline: Pipeline | None = None
         self.lifecycle: LifecycleRepository | None = None
+        self.buffer = OfflineBuffer(self.config.offline_buffer_path)
+        self._flushing = threading.Lock()
         self._lock = threading.Lock()
 
     @property
@@ -141,6 +156,7 @@ class Memory:
         assert self.lifecycle is not None
         if self.lifecycle.is_off(caller.org_id, caller.assignment_id):
             raise MemoryOffError()
+        self.flush()
         return self.lifecycle
 
     def _write(
@@ -190,14 +206,119 @@ class Memory:
         topic = check_topic(topic)
         kind = check_choice(kind, "kind", KINDS)
         ttl = check_ttl_days(ttl_days)
-        self._lifecycle(caller)
         meta: dict[str, Any] = {"kind": kind}
         if topic is not None:
             meta["topic"] = topic
         if ttl is not None:
             meta["expires_at"] = (datetime.now(UTC) + timedelta(days=ttl)).isoformat()
-        (doc_id,) = self._write([Document(content=text, meta=meta)], caller)
+        try:
+            self._lifecycle(caller)
+            (doc_id,) = self._write([Document(content=text, meta=meta)], caller)
+        except DatabaseError as e:
+            if classify(e) != "unreachable":
+                raise
+            return self._queue(text, meta, caller, e)
         return {"stored": True, "assignment_id": caller.assignment_id, "document_id": doc_id}
+
+    # -- offline buffer ------------------------------------------------------------------------
+    def _queue(self, text: str, meta: dict[str, Any], caller: Caller, error: BaseException) -> dict[str, Any]:
+        """Keep a fact in the durable local buffer while the database is unreachable."""
+        pending = self.buffer.append(
+            {
+                "org_id": caller.org_id,
+                "assignment_id": caller.assignment_id,
+                "specialist_id": caller.specialist_id,
+                "token_id": caller.token_id,
+                "fact": text,
+                "meta": meta,
+            }
+        )
+        logger.warning("database unreachable; fact queued in the offline buffer (%d pending)", pending)
+        return {
+            "stored": False,
+            "queued": True,
+            "reason": f"the database is unreachable ({error}); the fact waits in the local buffer "
+            "and is stored when the database answers again",
+            "pending": pending,
+            "assignment_id": caller.assignment_id,
+            "document_id": self._would_be_id(text, caller),
+        }
+
+    def _would_be_id(self, text: str, caller: Caller) -> str:
+        return document_id(caller.org_id, self.config.dataset, content_hash(add_marker(text, caller.assignment_id)))
+
+    def flush(self) -> int:
+        """Store the buffered facts in order, each in its own scope; stop at the first refusal.
+
+        Called automatically by the first successful database call. Returns how many were stored.
+        """
+        if not self.buffer.path.exists() or not self._flushing.acquire(blocking=False):
+            return 0
+        flushed = 0
+        try:
+            assert self.lifecycle is not None
+            for item in self.buffer.items():
+                caller = Caller(
+                    org_id=item["org_id"],
+                    assignment_id=item["assignment_id"],
+                    specialist_id=item.get("specialist_id"),
+                    token_id=item.get("token_id"),
+                )
+                try:
+                    if not self.config.enabled or self.lifecycle.is_off(caller.org_id, caller.assignment_id):
+                        logger.warning(
+                            "offline buffer: memory is off for %s; %d items kept",
+                            caller.assignment_id,
+                            len(self.buffer),
+                        )
+                        break
+                    self._write(
+                        [Document(content=item["fact"], meta=item.get("meta") or {})], caller, action="store-replay"
+                    )
+                except OsaMemoryError as e:
+                    logger.warning("offline buffer: flush stopped at item %s: %s", item["id"], e)
+                    break
+                self.buffer.pop_first(item["id"])
+                flushed += 1
+        finally:
+            self._flushing.release()
+        if flushed:
+            logger.info("offline buffer: stored %d buffered facts", flushed)
+        return flushed
+
+    def _recall_from_buffer(self, query: str, limit: int, caller: Caller, error: BaseException) -> dict[str, Any]:
+        """Degraded recall: word overlap over the caller's own buffered facts."""
+        wanted = set(normalise(query).split())
+        mine = [
+            i
+            for i in self.buffer.items()
+            if i.get("org_id") == caller.org_id and i.get("assignment_id") == caller.assignment_id
+        ]
+        scored = []
+        for item in mine:
+            words = set(normalise(item["fact"]).split())
+            overlap = len(wanted & words) / max(len(wanted), 1)
+            if overlap > 0:
+                scored.append((overlap, item))
+        scored.sort(key=lambda pair: -pair[0])
+        facts = [
+            {
+                "document_id": self._would_be_id(item["fact"], caller),
+                "content": item["fact"],
+                "topic": (item.get("meta") or {}).get("topic"),
+                "score": round(score, 6),
+                "stored_at": item.get("queued_at"),
+                "kind": (item.get("meta") or {}).get("kind", "fact"),
+                "stale": False,
+            }
+            for score, item in scored[:limit]
+        ]
+        return {
+            "assignment_id": caller.assignment_id,
+            "facts": facts,
+            "degraded": f"the database is unreachable ({error}); answered from {len(mine)} buffered facts "
+            "of this assignment only",
+        }
 
     def propose(
         self,
@@ -307,6 +428,14 @@ class Memory:
         """
         query = check_query(query)
         limit = check_limit(limit)
+        try:
+            return self._recall(query, limit, caller)
+        except DatabaseError as e:
+            if classify(e) != "unreachable":
+                raise
+            return self._recall_from_buffer(query, limit, caller, e)
+
+    def _recall(self, query: str, limit: int, caller: Caller) -> dict[str, Any]:
         self._lifecycle(caller)
         assert self.recall_pipeline is not None
         scope = {"org_id": caller.org_id, "assignment_id": caller.assignment_id}
@@ -331,6 +460,40 @@ class Memory:
         if degraded:
             answer["degraded"] = degraded
         return answer
+
+    def status(self, *, caller: Caller) -> dict[str, Any]:
+        """Health for ``caller``: database state (`ok`, `unreachable`, `unauthorised`, `erroring`), pending
+        buffered facts, embedder, scope and its fact count, version. Refuses when a kill switch is off."""
+        from haystack_osa_memory import __version__
+        from haystack_osa_memory.database import probe
+
+        if not self.config.enabled:
+            raise MemoryOffError()
+        conn_str = self.conn_str or resolve_connection_string(self.config)
+        state, detail = probe(conn_str, self.config, count_scope_statement(self.config), _scope_params(caller))
+        facts: int | None = None
+        if state == "ok":
+            lifecycle = self._lifecycle(caller)
+            facts = lifecycle.count_scope(Scope(caller.org_id, caller.assignment_id))
+        if self.text_embedder is None:
+            embedder: dict[str, Any] = {"state": "none", "mode": "lexical"}
+        else:
+            guard = self.recall_pipeline.get_component("embed") if self.recall_pipeline is not None else None
+            ready = guard is None or getattr(guard, "available", True)
+            embedder = {"state": "ready" if ready else "unavailable", "mode": "hybrid" if ready else "lexical"}
+        return {
+            "version": __version__,
+            "database": state,
+            "database_detail": detail,
+            "pending": self.pending(),
+            "embedder": embedder,
+            "scope": {"org_id": caller.org_id, "assignment_id": caller.assignment_id},
+            "facts": facts,
+        }
+
+    def pending(self) -> int:
+        """Facts waiting in the offline buffer."""
+        return len(self.buffer) if self.buffer.path.exists() else 0
 
     def customer_search(self, query: str, *, org_id: str, top_k: int = 10) -> list[Document]:
         """Customer-facing search over the same knowledge base; never returns a fact."""

@@ -12,8 +12,10 @@ What differs from `hayhooks mcp run` (see docs/security.md):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ import anyio
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from haystack_osa_memory.caller import Caller, caller_scope
+from haystack_osa_memory.database import classify
 from haystack_osa_memory.errors import AuthenticationError, DatabaseError, InvalidInputError, OsaMemoryError
 from haystack_osa_memory.validation import check_text
 
@@ -50,6 +53,34 @@ async def _respond(send: Send, status: int, body: dict[str, Any], headers: list[
         }
     )
     await send({"type": "http.response.body", "body": payload})
+
+
+class CachingVerifier:
+    """Verify tokens against the database; while it is unreachable, accept a token verified within
+    ``grace_seconds`` (so agents can keep storing into the offline buffer). Wrong, expired or revoked
+    tokens are never accepted from the cache: a refusal evicts the token.
+    """
+
+    def __init__(self, verify: Verifier, grace_seconds: float) -> None:
+        self.verify = verify
+        self.grace_seconds = grace_seconds
+        self._cache: dict[str, tuple[Caller, float]] = {}
+
+    def __call__(self, token: str) -> Caller:
+        key = hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+        try:
+            caller = self.verify(token)
+        except AuthenticationError:
+            self._cache.pop(key, None)
+            raise
+        except DatabaseError as e:
+            hit = self._cache.get(key)
+            if hit is not None and classify(e) == "unreachable" and time.monotonic() - hit[1] <= self.grace_seconds:
+                logger.warning("database unreachable: accepting a token verified %.0f s ago", time.monotonic() - hit[1])
+                return hit[0]
+            raise
+        self._cache[key] = (caller, time.monotonic())
+        return caller
 
 
 class BearerAuthMiddleware:

@@ -102,7 +102,19 @@ AUDIT_ROWS = sql.SQL(
     ORDER BY id LIMIT %(limit)s"""
 )
 
+COUNT_SCOPE = sql.SQL(
+    """SELECT count(*) FROM {schema}.{gov} g WHERE g.org_id = %(org_id)s AND g.source = %(source)s
+    AND g.metadata->>'assignment_id' = %(assignment_id)s AND g.status = 'approved'"""
+)
+
+
+def count_scope_statement(config: MemoryConfig) -> sql.Composed:
+    """The count of approved facts in one scope (used by the status probe)."""
+    return COUNT_SCOPE.format(schema=sql.Identifier(config.kb_schema), gov=sql.Identifier(config.governing_table))
+
+
 _STATEMENTS: dict[str, sql.SQL] = {
+    "COUNT_SCOPE": COUNT_SCOPE,
     "SELECT_FACT": SELECT_FACT,
     "LOCK_FACT": LOCK_FACT,
     "RECORD_READ": RECORD_READ,
@@ -341,6 +353,13 @@ class LifecycleRepository:
         with transaction(self.conn_str, self.config) as conn:
             rows = conn.execute(self._q["SCOPE_CONTENTS"], (scope.org_id, FACT_SOURCE, scope.assignment_id)).fetchall()
         return {r[0]: strip_marker(r[1] or "") for r in rows}
+
+    def count_scope(self, scope: Scope) -> int:
+        """Approved facts in the scope."""
+        params = {"org_id": scope.org_id, "assignment_id": scope.assignment_id, "source": FACT_SOURCE}
+        with transaction(self.conn_str, self.config) as conn:
+            row = conn.execute(self._q["COUNT_SCOPE"], params).fetchone()
+        return int(row[0]) if row else 0
 
     # -- review ----------------------------------------------------------------------------------
     def review_list(self, org_id: str | None = None, assignment_id: str | None = None) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.database import transaction
 from haystack_osa_memory.errors import SchemaError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 CREATE_EXTENSION = sql.SQL("CREATE EXTENSION IF NOT EXISTS vector")
 CREATE_SCHEMA = sql.SQL("CREATE SCHEMA IF NOT EXISTS {schema}")
@@ -110,6 +110,8 @@ CREATE_SWITCHES_TABLE = sql.SQL(
     updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
     PRIMARY KEY (org_id, assignment_id))"""
 )
+# Version 3: tokens may grant several assignments.
+ADD_TOKEN_GRANTS = sql.SQL("ALTER TABLE {schema}.tokens ADD COLUMN IF NOT EXISTS assignment_ids TEXT[]")
 READ_VERSION = sql.SQL("SELECT max(version) FROM {schema}.schema_version")
 WRITE_VERSION = sql.SQL("INSERT INTO {schema}.schema_version (version, applied_at) VALUES (%s, now())")
 EMBEDDING_DIMENSION = sql.SQL(
@@ -213,6 +215,7 @@ def ensure_schema(conn_str: str, config: MemoryConfig) -> InitReport:
             CREATE_AUDIT_TABLE,
             CREATE_AUDIT_INDEX,
             CREATE_SWITCHES_TABLE,
+            ADD_TOKEN_GRANTS,
         ):
             conn.execute(statement.format(schema=mem))
         row = conn.execute(READ_VERSION.format(schema=mem)).fetchone()

@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,19 +25,20 @@ _DURATION = re.compile(r"^(\d{1,6})([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 INSERT_TOKEN = sql.SQL(
-    """INSERT INTO {schema}.tokens (token_id, secret_sha256, org_id, assignment_id, specialist_id, expires_at)
-    VALUES (%s, %s, %s, %s, %s, %s)"""
+    """INSERT INTO {schema}.tokens
+    (token_id, secret_sha256, org_id, assignment_id, specialist_id, expires_at, assignment_ids)
+    VALUES (%s, %s, %s, %s, %s, %s, %s)"""
 )
 SELECT_TOKEN = sql.SQL(
-    """SELECT secret_sha256, org_id, assignment_id, specialist_id, expires_at, revoked_at
+    """SELECT secret_sha256, org_id, assignment_id, specialist_id, expires_at, revoked_at, assignment_ids
     FROM {schema}.tokens WHERE token_id = %s"""
 )
 REVOKE_TOKEN = sql.SQL(
     "UPDATE {schema}.tokens SET revoked_at = coalesce(revoked_at, now()) WHERE token_id = %s RETURNING token_id"
 )
 LIST_TOKENS = sql.SQL(
-    """SELECT token_id, org_id, assignment_id, specialist_id, created_at, expires_at, revoked_at
-    FROM {schema}.tokens ORDER BY created_at"""
+    """SELECT token_id, org_id, coalesce(assignment_ids, ARRAY[assignment_id]), specialist_id, created_at,
+    expires_at, revoked_at FROM {schema}.tokens ORDER BY created_at"""
 )
 
 
@@ -90,17 +92,30 @@ class TokenStore:
         assignment_id: str,
         specialist_id: str | None = None,
         expires_in: timedelta | None = None,
+        extra_assignments: Sequence[str] = (),
     ) -> IssuedToken:
+        """Create a token for ``assignment_id`` (its default) and any ``extra_assignments``."""
         check_identifier(org_id, "org")
         check_identifier(assignment_id, "assignment")
+        grants = list(dict.fromkeys((assignment_id, *extra_assignments)))
+        for grant in grants:
+            check_identifier(grant, "assignment")
         if specialist_id is not None:
             check_identifier(specialist_id, "specialist")
         token_id = secrets.token_hex(8)
         secret = secrets.token_urlsafe(32)
         expires_at = datetime.now(UTC) + expires_in if expires_in else None
         with transaction(self.conn_str, self.config) as conn:
-            conn.execute(self._insert, (token_id, _digest(secret), org_id, assignment_id, specialist_id, expires_at))
-        caller = Caller(org_id=org_id, assignment_id=assignment_id, specialist_id=specialist_id, token_id=token_id)
+            conn.execute(
+                self._insert, (token_id, _digest(secret), org_id, assignment_id, specialist_id, expires_at, grants)
+            )
+        caller = Caller(
+            org_id=org_id,
+            assignment_id=assignment_id,
+            specialist_id=specialist_id,
+            token_id=token_id,
+            grants=tuple(grants),
+        )
         return IssuedToken(
             token_id=token_id, token=f"{TOKEN_PREFIX}{token_id}_{secret}", caller=caller, expires_at=expires_at
         )
@@ -120,12 +135,18 @@ class TokenStore:
             row = conn.execute(self._select, (token_id,)).fetchone()
         if row is None:
             raise denied
-        digest, org_id, assignment_id, specialist_id, expires_at, revoked_at = row
+        digest, org_id, assignment_id, specialist_id, expires_at, revoked_at, grants = row
         if not hmac.compare_digest(digest, _digest(secret)):
             raise denied
         if revoked_at is not None or (expires_at is not None and expires_at <= datetime.now(UTC)):
             raise denied
-        return Caller(org_id=org_id, assignment_id=assignment_id, specialist_id=specialist_id, token_id=token_id)
+        return Caller(
+            org_id=org_id,
+            assignment_id=assignment_id,
+            specialist_id=specialist_id,
+            token_id=token_id,
+            grants=tuple(grants or ()),
+        )
 
     def revoke(self, token_id: str) -> bool:
         """Revoke a token by id; ``False`` when no such token exists."""
@@ -139,5 +160,5 @@ class TokenStore:
         """Every token's metadata (never a secret)."""
         with transaction(self.conn_str, self.config) as conn:
             rows = conn.execute(self._list).fetchall()
-        keys = ("token_id", "org_id", "assignment_id", "specialist_id", "created_at", "expires_at", "revoked_at")
+        keys = ("token_id", "org_id", "assignments", "specialist_id", "created_at", "expires_at", "revoked_at")
         return [dict(zip(keys, row, strict=True)) for row in rows]

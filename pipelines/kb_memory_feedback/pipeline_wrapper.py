@@ -5,7 +5,7 @@ from typing import Annotated, Any, Literal
 from hayhooks import BasePipelineWrapper
 from pydantic import Field
 
-from haystack_osa_memory import require_caller, shared_memory
+from haystack_osa_memory import scoped_caller, shared_memory
 
 
 class PipelineWrapper(BasePipelineWrapper):
@@ -18,6 +18,7 @@ class PipelineWrapper(BasePipelineWrapper):
         document_id: Annotated[str, Field(min_length=64, max_length=64)],
         verdict: Literal["confirm", "flag"],
         note: Annotated[str | None, Field(min_length=1, max_length=500)] = None,
+        assignment: Annotated[str | None, Field(min_length=1, max_length=128)] = None,
     ) -> dict[str, Any]:
         """Confirm a fact that proved right, or flag one that proved wrong; one vote per run and fact.
 
@@ -25,5 +26,6 @@ class PipelineWrapper(BasePipelineWrapper):
             document_id: The fact's 64-character id.
             verdict: confirm or flag.
             note: Optional reason, at most 500 characters, without secrets.
+            assignment: Optional assignment to act on, one granted to your token (default: its first).
         """
-        return self.memory.feedback(document_id, verdict, note, caller=require_caller())
+        return self.memory.feedback(document_id, verdict, note, caller=scoped_caller(assignment))

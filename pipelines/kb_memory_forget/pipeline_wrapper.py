@@ -5,7 +5,7 @@ from typing import Annotated, Any
 from hayhooks import BasePipelineWrapper
 from pydantic import Field
 
-from haystack_osa_memory import require_caller, shared_memory
+from haystack_osa_memory import scoped_caller, shared_memory
 
 
 class PipelineWrapper(BasePipelineWrapper):
@@ -17,11 +17,13 @@ class PipelineWrapper(BasePipelineWrapper):
         self,
         document_id: Annotated[str, Field(min_length=64, max_length=64)],
         reason: Annotated[str, Field(min_length=1, max_length=500)],
+        assignment: Annotated[str | None, Field(min_length=1, max_length=128)] = None,
     ) -> dict[str, Any]:
         """Retract a fact of this assignment for good: it is never recalled, read or listed again.
 
         Args:
             document_id: The fact's 64-character id.
             reason: Why it is retracted (kept for the audit), at most 500 characters.
+            assignment: Optional assignment to act on, one granted to your token (default: its first).
         """
-        return self.memory.forget(document_id, reason, caller=require_caller())
+        return self.memory.forget(document_id, reason, caller=scoped_caller(assignment))

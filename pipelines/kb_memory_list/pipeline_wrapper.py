@@ -5,7 +5,7 @@ from typing import Annotated, Any, Literal
 from hayhooks import BasePipelineWrapper
 from pydantic import Field
 
-from haystack_osa_memory import require_caller, shared_memory
+from haystack_osa_memory import scoped_caller, shared_memory
 
 
 class PipelineWrapper(BasePipelineWrapper):
@@ -18,6 +18,7 @@ class PipelineWrapper(BasePipelineWrapper):
         status: Literal["approved", "proposed", "flagged", "rejected"] | None = None,
         topic: Annotated[str | None, Field(min_length=1, max_length=120)] = None,
         cursor: Annotated[str | None, Field(min_length=1, max_length=500)] = None,
+        assignment: Annotated[str | None, Field(min_length=1, max_length=128)] = None,
     ) -> dict[str, Any]:
         """List this assignment's facts, 20 per page, oldest first; pass next_cursor back for the next page.
 
@@ -25,5 +26,6 @@ class PipelineWrapper(BasePipelineWrapper):
             status: Only facts with this status (default: all but retracted ones).
             topic: Only facts with this topic.
             cursor: The next_cursor of the previous page.
+            assignment: Optional assignment to act on, one granted to your token (default: its first).
         """
-        return self.memory.list_facts(status, topic, cursor, caller=require_caller())
+        return self.memory.list_facts(status, topic, cursor, caller=scoped_caller(assignment))

@@ -5,7 +5,7 @@ from typing import Annotated, Any, Literal
 from hayhooks import BasePipelineWrapper
 from pydantic import Field
 
-from haystack_osa_memory import require_caller, shared_memory
+from haystack_osa_memory import scoped_caller, shared_memory
 
 Path = Annotated[str, Field(min_length=1, max_length=300)]
 Persona = Annotated[str, Field(min_length=1, max_length=60)]
@@ -26,6 +26,7 @@ class PipelineWrapper(BasePipelineWrapper):
         personas: Annotated[
             list[Annotated[str, Field(min_length=1, max_length=60)]] | None, Field(max_length=10)
         ] = None,
+        assignment: Annotated[str | None, Field(min_length=1, max_length=128)] = None,
     ) -> dict[str, Any]:
         """Propose knowledge for this assignment; it is recalled only after a human accepts it.
 
@@ -35,5 +36,6 @@ class PipelineWrapper(BasePipelineWrapper):
             body: The knowledge itself, at most 2000 characters, without secrets.
             paths: Optional files or folders it concerns (at most 20).
             personas: Optional roles it is meant for (at most 10).
+            assignment: Optional assignment to act on, one granted to your token (default: its first).
         """
-        return self.memory.propose(kind, title, body, paths, personas, caller=require_caller())
+        return self.memory.propose(kind, title, body, paths, personas, caller=scoped_caller(assignment))

@@ -5,7 +5,7 @@ from typing import Annotated, Any
 from hayhooks import BasePipelineWrapper
 from pydantic import Field
 
-from haystack_osa_memory import require_caller, shared_memory
+from haystack_osa_memory import scoped_caller, shared_memory
 
 
 class PipelineWrapper(BasePipelineWrapper):
@@ -13,10 +13,15 @@ class PipelineWrapper(BasePipelineWrapper):
         self.memory = shared_memory()
         self.memory.warm_up()
 
-    def run_api(self, document_id: Annotated[str, Field(min_length=64, max_length=64)]) -> dict[str, Any]:
+    def run_api(
+        self,
+        document_id: Annotated[str, Field(min_length=64, max_length=64)],
+        assignment: Annotated[str | None, Field(min_length=1, max_length=128)] = None,
+    ) -> dict[str, Any]:
         """Read one fact of this assignment in full, with provenance, status and trust.
 
         Args:
             document_id: The 64-character id returned by kb_memory_store, kb_memory_recall or kb_memory_list.
+            assignment: Optional assignment to act on, one granted to your token (default: its first).
         """
-        return self.memory.read(document_id, caller=require_caller())
+        return self.memory.read(document_id, caller=scoped_caller(assignment))

@@ -5,7 +5,7 @@ from typing import Annotated, Any
 from hayhooks import BasePipelineWrapper
 from pydantic import Field
 
-from haystack_osa_memory import require_caller, shared_memory
+from haystack_osa_memory import scoped_caller, shared_memory
 
 
 class PipelineWrapper(BasePipelineWrapper):
@@ -18,6 +18,7 @@ class PipelineWrapper(BasePipelineWrapper):
         self,
         query: Annotated[str, Field(min_length=1, max_length=1000)],
         limit: Annotated[int, Field(ge=1, le=20)] = 8,
+        assignment: Annotated[str | None, Field(min_length=1, max_length=128)] = None,
     ) -> dict[str, Any]:
         """Recall facts stored earlier in the memory of the assignment you are working on, best match first.
 
@@ -27,5 +28,6 @@ class PipelineWrapper(BasePipelineWrapper):
         Args:
             query: What you want to remember, 1 to 1000 characters (a question or keywords).
             limit: How many facts to return, 1 to 20 (default 8).
+            assignment: Optional assignment to act on, one granted to your token (default: its first).
         """
-        return self.memory.recall(query, limit, caller=require_caller())
+        return self.memory.recall(query, limit, caller=scoped_caller(assignment))

@@ -5,7 +5,7 @@ from typing import Annotated, Any, Literal
 from hayhooks import BasePipelineWrapper
 from pydantic import Field
 
-from haystack_osa_memory import require_caller, shared_memory
+from haystack_osa_memory import scoped_caller, shared_memory
 
 
 class PipelineWrapper(BasePipelineWrapper):
@@ -20,6 +20,7 @@ class PipelineWrapper(BasePipelineWrapper):
         topic: Annotated[str | None, Field(min_length=1, max_length=120)] = None,
         kind: Literal["fact", "procedure", "pitfall", "preference", "reference"] = "fact",
         ttl_days: Annotated[int | None, Field(ge=1, le=3650)] = None,
+        assignment: Annotated[str | None, Field(min_length=1, max_length=128)] = None,
     ) -> dict[str, Any]:
         """Store a durable fact in the memory of the assignment you are working on, for later sessions.
 
@@ -31,5 +32,6 @@ class PipelineWrapper(BasePipelineWrapper):
             topic: Optional short topic to group facts, at most 120 characters.
             kind: What sort of knowledge this is: fact, procedure, pitfall, preference or reference.
             ttl_days: Optional time to live in days; afterwards the fact is returned marked stale.
+            assignment: Optional assignment to act on, one granted to your token (default: its first).
         """
-        return self.memory.store(fact, topic, kind=kind, ttl_days=ttl_days, caller=require_caller())
+        return self.memory.store(fact, topic, kind=kind, ttl_days=ttl_days, caller=scoped_caller(assignment))

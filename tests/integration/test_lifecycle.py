@@ -36,7 +36,8 @@ class TestRead:
         assert (got["kind"], got["topic"], got["status"]) == ("reference", "ci", "approved")
         assert got["stored_by"] == {"token_id": "tok-1", "specialist_id": None}
         assert (got["trust"], got["confirms"], got["flags"]) == (0.5, 0, 0)
-        assert got["stored_at"] and got["created_at"]
+        assert got["stored_at"]
+        assert got["created_at"]
 
     def test_one_read_event_per_run_and_fact(self, memory: Memory, alice: Caller) -> None:
         doc = memory.store("Read me often", caller=alice)["document_id"]

@@ -1,0 +1,24 @@
+"""MCP tool `kb_memory_scopes`: the assignments the caller's token grants."""
+
+from typing import Any
+
+from hayhooks import BasePipelineWrapper
+
+from haystack_osa_memory import require_caller
+
+
+class PipelineWrapper(BasePipelineWrapper):
+    def setup(self) -> None:
+        self.pipeline = None
+
+    def run_api(self) -> dict[str, Any]:
+        """List the assignments your token may use; pass one as `assignment` to the other memory tools.
+
+        Returns {"org_id", "default_assignment", "assignments"}.
+        """
+        caller = require_caller()
+        return {
+            "org_id": caller.org_id,
+            "default_assignment": caller.assignment_id,
+            "assignments": list(caller.grants),
+        }

@@ -1,0 +1,22 @@
+"""MCP tool `kb_memory_status`: health of the memory for this caller."""
+
+from typing import Annotated, Any
+
+from hayhooks import BasePipelineWrapper
+from pydantic import Field
+
+from haystack_osa_memory import scoped_caller, shared_memory
+
+
+class PipelineWrapper(BasePipelineWrapper):
+    def setup(self) -> None:
+        self.memory = shared_memory()
+        self.memory.warm_up()
+
+    def run_api(self, assignment: Annotated[str | None, Field(min_length=1, max_length=128)] = None) -> dict[str, Any]:
+        """Report the memory's health: database state, pending buffered facts, embedder, your scope and its size.
+
+        Args:
+            assignment: Optional assignment to report on, one granted to your token (default: its first).
+        """
+        return self.memory.status(caller=scoped_caller(assignment))
