@@ -23,6 +23,8 @@ OUR_TOOLS = {
     "kb_memory_propose",
     "kb_memory_forget",
     "kb_memory_list",
+    "kb_memory_scopes",
+    "kb_memory_status",
 }
 
 
@@ -38,7 +40,7 @@ def test_only_our_tools_are_listed(server: Server) -> None:
     assert store.description
     assert store.description.startswith("Store a durable fact")
     props = store.inputSchema["properties"]
-    assert set(props) == {"fact", "topic", "kind", "ttl_days"}
+    assert set(props) == {"fact", "topic", "kind", "ttl_days", "assignment"}
     assert store.inputSchema["additionalProperties"] is False
     assert tools["kb_memory_recall"].inputSchema["properties"]["limit"]["maximum"] == 20
 
