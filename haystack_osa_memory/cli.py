@@ -458,6 +458,46 @@ def audit(
     out.print(table)
 
 
+@app.command()
+def reflect(
+    assignment: Annotated[str | None, typer.Option("--assignment", help="Only this assignment.")] = None,
+    org: Annotated[str | None, typer.Option("--org", help="Org of --assignment (required with it).")] = None,
+    all_scopes: Annotated[bool, typer.Option("--all", help="Every assignment that has facts.")] = False,
+    data_dir: DataDir = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Consolidate repeated facts into observations (idempotent; cron-friendly)."""
+    from haystack_osa_memory.memory import Memory
+
+    if all_scopes == (assignment is not None):
+        _fail("give exactly one of --assignment ASSIGNMENT --org ORG, or --all")
+    if assignment is not None and org is None:
+        _fail("--assignment needs --org: assignment ids are unique within an org")
+    config = _config(data_dir)
+    _connect(config)
+    memory = Memory(config)
+    try:
+        memory.warm_up()
+        assert memory.lifecycle is not None
+        scopes = memory.lifecycle.reflect_scopes() if all_scopes else []
+        targets = [(s.org_id, s.assignment_id) for s in scopes] if all_scopes else [(str(org), str(assignment))]
+        reports = [memory.reflect(caller=Caller(org_id=o, assignment_id=a, token_id=_operator())) for o, a in targets]
+    except OsaMemoryError as e:
+        _fail(str(e))
+    if as_json:
+        _emit(reports, True)
+        return
+    for r in reports:
+        out.print(
+            f"{r['org_id']}/{r['assignment_id']}: {r['groups']} groups, "
+            f"{len(r['observations_created'])} observations created, {len(r['observations_updated'])} updated, "
+            f"{r['facts_consolidated']} facts consolidated",
+            highlight=False,
+        )
+    if not reports:
+        out.print("no assignment has facts")
+
+
 def main() -> None:
     """Entry point of the `osa-memory` script."""
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,6 +20,7 @@ from haystack_osa_memory.errors import DatabaseError, InvalidInputError, MemoryO
 from haystack_osa_memory.markers import add_marker, content_hash, document_id
 from haystack_osa_memory.pipelines import build_customer_search_pipeline, build_recall_pipeline, build_store_pipeline
 from haystack_osa_memory.redaction_gate import secret_classes
+from haystack_osa_memory.reflect import OBSERVATION, ReflectReport, ReflectSettings, group_facts, observation_text
 from haystack_osa_memory.store.facts import FACT_SOURCE
 from haystack_osa_memory.store.lifecycle import (
     LISTABLE_STATUSES,
@@ -460,6 +462,49 @@ class Memory:
         if degraded:
             answer["degraded"] = degraded
         return answer
+
+    def reflect(
+        self,
+        *,
+        caller: Caller,
+        summariser: Callable[[list[str]], str] | None = None,
+        settings: ReflectSettings | None = None,
+    ) -> dict[str, Any]:
+        """Consolidate near-duplicate and repeated facts of the caller's scope into observations.
+
+        Deterministic without a summariser (see `haystack_osa_memory.reflect`); idempotent.
+        :returns: what changed (`groups`, `observations_created`, `observations_updated`, `facts_consolidated`).
+        """
+        lifecycle = self._lifecycle(caller)
+        scope = Scope(caller.org_id, caller.assignment_id)
+        facts = lifecycle.reflect_candidates(scope)
+        for fact in facts:
+            if fact["metadata"].get("kind") == OBSERVATION:
+                fact["content"] = fact["content"].rsplit("\n(consolidated from ", 1)[0]
+        report = ReflectReport(caller.org_id, caller.assignment_id)
+        for group in group_facts(facts, settings or ReflectSettings()):
+            members = [facts[i] for i in group]
+            observations = [m for m in members if m["metadata"].get("kind") == OBSERVATION]
+            raws = [m for m in members if m["metadata"].get("kind") != OBSERVATION]
+            if not raws:
+                continue
+            report.groups += 1
+            raw_ids = [r["document_id"] for r in raws]
+            if observations:
+                observation_id = observations[0]["document_id"]
+                evidence = list(dict.fromkeys([*observations[0]["metadata"].get("evidence", []), *raw_ids]))
+                report.updated.append(observation_id)
+            else:
+                meta: dict[str, Any] = {"kind": OBSERVATION}
+                topic = next((r["metadata"]["topic"] for r in raws if r["metadata"].get("topic")), None)
+                if topic is not None:
+                    meta["topic"] = topic
+                text = observation_text(raws, summariser)
+                (observation_id,) = self._write([Document(content=text, meta=meta)], caller, action="reflect")
+                evidence = raw_ids
+                report.created.append(observation_id)
+            report.consolidated += lifecycle.consolidate(scope, observation_id, evidence, raw_ids, actor=caller.run_id)
+        return report.as_dict()
 
     def status(self, *, caller: Caller) -> dict[str, Any]:
         """Health for ``caller``: database state (`ok`, `unreachable`, `unauthorised`, `erroring`), pending

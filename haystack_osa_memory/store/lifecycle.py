@@ -113,7 +113,31 @@ def count_scope_statement(config: MemoryConfig) -> sql.Composed:
     return COUNT_SCOPE.format(schema=sql.Identifier(config.kb_schema), gov=sql.Identifier(config.governing_table))
 
 
+REFLECT_CANDIDATES = sql.SQL(
+    """SELECT g.id, c.content, c.embedding::text, g.metadata, g.created_at
+    FROM {schema}.{gov} g JOIN {schema}.{chunk} c ON c.meta->>'document_id' = g.id
+    WHERE g.org_id = %s AND g.source = %s AND g.metadata->>'assignment_id' = %s AND g.status = 'approved'
+    ORDER BY g.created_at, g.id"""
+)
+MARK_CONSOLIDATED = sql.SQL(
+    """UPDATE {schema}.{gov} SET status = 'consolidated', updated_at = now(),
+    metadata = metadata || jsonb_build_object('consolidated_into', %s::text)
+    WHERE id = %s AND status = 'approved'"""
+)
+SET_EVIDENCE = sql.SQL(
+    """UPDATE {schema}.{gov} SET updated_at = now(),
+    metadata = metadata || jsonb_build_object('evidence', %s::jsonb, 'count', %s::int) WHERE id = %s"""
+)
+REFLECT_SCOPES = sql.SQL(
+    """SELECT DISTINCT org_id, metadata->>'assignment_id' FROM {schema}.{gov}
+    WHERE source = %s AND status = 'approved' ORDER BY 1, 2"""
+)
+
 _STATEMENTS: dict[str, sql.SQL] = {
+    "REFLECT_CANDIDATES": REFLECT_CANDIDATES,
+    "MARK_CONSOLIDATED": MARK_CONSOLIDATED,
+    "SET_EVIDENCE": SET_EVIDENCE,
+    "REFLECT_SCOPES": REFLECT_SCOPES,
     "COUNT_SCOPE": COUNT_SCOPE,
     "SELECT_FACT": SELECT_FACT,
     "LOCK_FACT": LOCK_FACT,
@@ -248,6 +272,7 @@ class LifecycleRepository:
             "confirms": confirms,
             "flags": flags,
             "reads": reads,
+            **({"evidence": metadata["evidence"], "count": metadata.get("count")} if "evidence" in metadata else {}),
         }
 
     # -- feedback --------------------------------------------------------------------------------
@@ -360,6 +385,50 @@ class LifecycleRepository:
         with transaction(self.conn_str, self.config) as conn:
             row = conn.execute(self._q["COUNT_SCOPE"], params).fetchone()
         return int(row[0]) if row else 0
+
+    # -- reflect ---------------------------------------------------------------------------------
+    def reflect_candidates(self, scope: Scope) -> list[dict[str, Any]]:
+        """Approved facts of the scope with text (marker stripped), embedding, metadata and age."""
+        with transaction(self.conn_str, self.config) as conn:
+            rows = conn.execute(
+                self._q["REFLECT_CANDIDATES"], (scope.org_id, FACT_SOURCE, scope.assignment_id)
+            ).fetchall()
+        return [
+            {
+                "document_id": r[0],
+                "content": strip_marker(r[1] or ""),
+                "embedding": json.loads(r[2]) if r[2] else None,
+                "metadata": r[3],
+                "created_at": r[4],
+            }
+            for r in rows
+        ]
+
+    def consolidate(
+        self, scope: Scope, observation_id: str, evidence: list[str], merged: list[str], *, actor: str
+    ) -> int:
+        """Link ``evidence`` to the observation and retire ``merged`` raw facts from recall; one transaction."""
+        with transaction(self.conn_str, self.config) as conn:
+            conn.execute(self._q["SET_EVIDENCE"], (json.dumps(evidence), len(evidence), observation_id))
+            retired = 0
+            for doc_id in merged:
+                retired += conn.execute(self._q["MARK_CONSOLIDATED"], (observation_id, doc_id)).rowcount
+            self._audit(
+                conn,
+                actor=actor,
+                action="reflect",
+                org_id=scope.org_id,
+                assignment_id=scope.assignment_id,
+                document_id=observation_id,
+                details={"evidence": evidence, "merged": merged},
+            )
+        return retired
+
+    def reflect_scopes(self) -> list[Scope]:
+        """Every scope that has approved facts."""
+        with transaction(self.conn_str, self.config) as conn:
+            rows = conn.execute(self._q["REFLECT_SCOPES"], (FACT_SOURCE,)).fetchall()
+        return [Scope(r[0], r[1]) for r in rows if r[1]]
 
     # -- review ----------------------------------------------------------------------------------
     def review_list(self, org_id: str | None = None, assignment_id: str | None = None) -> list[dict[str, Any]]:

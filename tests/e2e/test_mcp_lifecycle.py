@@ -132,3 +132,21 @@ def test_kill_switch_refuses_with_the_exact_text_and_writes_nothing(server: Serv
     assert on.returncode == 0, on.stderr
     _, recalled = call(server.url, token, "kb_memory_recall", {"query": "survives switch"})
     assert [f["document_id"] for f in recalled["facts"]] == [doc]
+
+
+def test_reflect_over_mcp_and_cli(server: Server) -> None:
+    token = server.token("asg-reflect")["token"]
+    for text in ("Merge window opens on Monday", "merge window opens on monday!", "The pager rota is weekly"):
+        call(server.url, token, "kb_memory_store", {"fact": text})
+    is_error, report = call(server.url, token, "kb_memory_reflect", {})
+    assert not is_error
+    assert (report["groups"], report["facts_consolidated"]) == (1, 2)
+    again = server.cli("reflect", "--assignment", "asg-reflect", "--org", "acme", "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)[0]["changed"] is False
+    everything = server.cli("reflect", "--all", "--json")
+    assert everything.returncode == 0, everything.stderr
+    assert all(not r["changed"] for r in json.loads(everything.stdout) if r["assignment_id"] == "asg-reflect")
+    usage = server.cli("reflect")
+    assert usage.returncode == 1
+    assert "exactly one of" in usage.stderr

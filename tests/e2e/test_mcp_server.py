@@ -25,6 +25,7 @@ OUR_TOOLS = {
     "kb_memory_list",
     "kb_memory_scopes",
     "kb_memory_status",
+    "kb_memory_reflect",
 }
 
 
