@@ -1,41 +1,53 @@
-"""haystack-osa-memory: assignment-scoped, governed agent memory in a Haystack + pgvector knowledge base."""
+"""haystack-osa-memory: assignment-scoped, governed agent memory in a Haystack + pgvector knowledge base.
 
+The public API is imported lazily (PEP 562), so light entry points — the stdio bridge, `mcp-config`,
+`--help` — start without importing Haystack.
+"""
+
+from __future__ import annotations
+
+import importlib
 import os as _os
+from typing import TYPE_CHECKING, Any
 
 # Nothing leaves the machine unless asked: Haystack's usage telemetry is off unless the environment
 # turns it on explicitly (HAYSTACK_TELEMETRY_ENABLED=True). Set before Haystack is imported.
 _os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
 
-from haystack_osa_memory.caller import Caller, caller_scope, current_caller, require_caller, scoped_caller
-from haystack_osa_memory.components import (
-    GovernedFactWriter,
-    GoverningRowAclFilter,
-    GuardedTextEmbedder,
-    ScopedMemoryRetriever,
-    ScopeMarkerStripper,
-    ScopeMarkerWriter,
-)
-from haystack_osa_memory.config import MemoryConfig
-from haystack_osa_memory.errors import (
-    AclLookupError,
-    AuthenticationError,
-    ConfigurationError,
-    DatabaseError,
-    EmbedderError,
-    InvalidInputError,
-    OsaMemoryError,
-    SchemaError,
-    ScopeError,
-)
-from haystack_osa_memory.memory import Memory, shared_memory
-from haystack_osa_memory.pipelines import (
-    ALLOWED_MODULES,
-    build_customer_search_pipeline,
-    build_recall_pipeline,
-    build_store_pipeline,
-)
-
 __version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "Caller": "haystack_osa_memory.caller",
+    "caller_scope": "haystack_osa_memory.caller",
+    "current_caller": "haystack_osa_memory.caller",
+    "require_caller": "haystack_osa_memory.caller",
+    "scoped_caller": "haystack_osa_memory.caller",
+    "GovernedFactWriter": "haystack_osa_memory.components",
+    "GoverningRowAclFilter": "haystack_osa_memory.components",
+    "GuardedTextEmbedder": "haystack_osa_memory.components",
+    "PrivacyRedactor": "haystack_osa_memory.components",
+    "ScopedMemoryRetriever": "haystack_osa_memory.components",
+    "ScopeMarkerStripper": "haystack_osa_memory.components",
+    "ScopeMarkerWriter": "haystack_osa_memory.components",
+    "MemoryConfig": "haystack_osa_memory.config",
+    "AclLookupError": "haystack_osa_memory.errors",
+    "AuthenticationError": "haystack_osa_memory.errors",
+    "ConfigurationError": "haystack_osa_memory.errors",
+    "DatabaseError": "haystack_osa_memory.errors",
+    "EmbedderError": "haystack_osa_memory.errors",
+    "InvalidInputError": "haystack_osa_memory.errors",
+    "MemoryOffError": "haystack_osa_memory.errors",
+    "NotFoundError": "haystack_osa_memory.errors",
+    "OsaMemoryError": "haystack_osa_memory.errors",
+    "SchemaError": "haystack_osa_memory.errors",
+    "ScopeError": "haystack_osa_memory.errors",
+    "Memory": "haystack_osa_memory.memory",
+    "shared_memory": "haystack_osa_memory.memory",
+    "ALLOWED_MODULES": "haystack_osa_memory.pipelines",
+    "build_customer_search_pipeline": "haystack_osa_memory.pipelines",
+    "build_recall_pipeline": "haystack_osa_memory.pipelines",
+    "build_store_pipeline": "haystack_osa_memory.pipelines",
+}
 
 __all__ = [
     "ALLOWED_MODULES",
@@ -51,7 +63,10 @@ __all__ = [
     "InvalidInputError",
     "Memory",
     "MemoryConfig",
+    "MemoryOffError",
+    "NotFoundError",
     "OsaMemoryError",
+    "PrivacyRedactor",
     "SchemaError",
     "ScopeError",
     "ScopeMarkerStripper",
@@ -67,3 +82,50 @@ __all__ = [
     "scoped_caller",
     "shared_memory",
 ]
+
+if TYPE_CHECKING:
+    from haystack_osa_memory.caller import Caller, caller_scope, current_caller, require_caller, scoped_caller
+    from haystack_osa_memory.components import (
+        GovernedFactWriter,
+        GoverningRowAclFilter,
+        GuardedTextEmbedder,
+        PrivacyRedactor,
+        ScopedMemoryRetriever,
+        ScopeMarkerStripper,
+        ScopeMarkerWriter,
+    )
+    from haystack_osa_memory.config import MemoryConfig
+    from haystack_osa_memory.errors import (
+        AclLookupError,
+        AuthenticationError,
+        ConfigurationError,
+        DatabaseError,
+        EmbedderError,
+        InvalidInputError,
+        MemoryOffError,
+        NotFoundError,
+        OsaMemoryError,
+        SchemaError,
+        ScopeError,
+    )
+    from haystack_osa_memory.memory import Memory, shared_memory
+    from haystack_osa_memory.pipelines import (
+        ALLOWED_MODULES,
+        build_customer_search_pipeline,
+        build_recall_pipeline,
+        build_store_pipeline,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        msg = f"module 'haystack_osa_memory' has no attribute {name!r}"
+        raise AttributeError(msg)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

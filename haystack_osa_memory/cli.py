@@ -9,7 +9,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, Literal, NoReturn
 
 import typer
 from rich.console import Console
@@ -496,6 +496,143 @@ def reflect(
         )
     if not reports:
         out.print("no assignment has facts")
+
+
+@app.command("import")
+def import_(
+    path: Annotated[Path, typer.Argument(help="A .jsonl or .csv file, or a folder of .md notes.")],
+    org: Annotated[str, typer.Option("--org")],
+    assignment: Annotated[str, typer.Option("--assignment")],
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, max=1000)] = 64,
+    data_dir: DataDir = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Import facts (redacted, in batches, with a progress bar); re-running imports nothing new."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from haystack_osa_memory.transfer import ImportItem, read_items
+
+    if not path.exists():
+        _fail(f"{path} does not exist: give a .jsonl or .csv file, or a folder of .md notes")
+    config = _config(data_dir)
+    try:
+        caller = Caller(org_id=org, assignment_id=assignment, token_id=_operator())
+        parsed = list(read_items(path))
+    except OsaMemoryError as e:
+        _fail(str(e))
+    items = [i for i in parsed if isinstance(i, ImportItem)]
+    invalid = [f"{origin}: {reason}" for origin, reason in (i for i in parsed if not isinstance(i, ImportItem))]
+    memory = _memory(config)
+    columns = (TextColumn("importing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, disable=as_json or not err.is_terminal) as progress:
+        task = progress.add_task("import", total=len(items))
+        try:
+            report = memory.import_items(
+                items, caller=caller, batch_size=batch_size, on_batch=lambda n: progress.advance(task, n)
+            )
+        except OsaMemoryError as e:
+            _fail(f"{e} (already imported facts are kept; re-run to resume)")
+    report.invalid = invalid
+    data = report.as_dict()
+    if as_json:
+        _emit(data, True)
+    else:
+        out.print(
+            f"read {data['read'] + data['invalid']}, stored {data['stored']}, "
+            f"already there {data['skipped_existing']}, invalid {data['invalid']}",
+            highlight=False,
+        )
+        for line in invalid[:10]:
+            err.print(f"invalid: {line}", highlight=False)
+    if invalid:
+        raise typer.Exit(1)
+
+
+@app.command()
+def export(
+    org: Annotated[str, typer.Option("--org")],
+    assignment: Annotated[str, typer.Option("--assignment")],
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="File to write (default: stdout).")] = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Export an assignment's facts as JSONL (what `import` reads back): a backup."""
+    from haystack_osa_memory.transfer import export_line
+
+    config = _config(data_dir)
+    try:
+        caller = Caller(org_id=org, assignment_id=assignment, token_id=_operator())
+        lines = [export_line(fact) for fact in _memory(config).export(caller=caller)]
+    except OsaMemoryError as e:
+        _fail(str(e))
+    text = "".join(line + "\n" for line in lines)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text, encoding="utf-8")
+        err.print(f"exported {len(lines)} facts to {output}", highlight=False)
+
+
+@app.command("mcp-stdio")
+def mcp_stdio(
+    url: Annotated[str, typer.Option("--url", help="The server's MCP endpoint, e.g. http://127.0.0.1:1417/mcp.")],
+    buffer: Annotated[
+        Path | None,
+        typer.Option("--buffer", help="Local buffer file (default: <data dir>/bridge-buffer.jsonl)."),
+    ] = None,
+    connect_timeout: Annotated[float, typer.Option(help="Seconds to reach the server.", min=0.1, max=300)] = 5.0,
+    call_timeout: Annotated[float, typer.Option(help="Seconds to wait for a tool's answer.", min=1, max=3600)] = 60.0,
+    retry_interval: Annotated[
+        float, typer.Option(help="Seconds between reconnection attempts while stores wait (0: off).", min=0)
+    ] = 30.0,
+    log_level: Annotated[
+        Literal["debug", "info", "warning", "error"], typer.Option(help="Log level (stderr).")
+    ] = "info",
+) -> None:
+    """Serve MCP over stdio, proxying to `osa-memory serve`; the token comes from $OSA_MEMORY_TOKEN.
+
+    Stores made while the server is unreachable are queued locally and sent, in order, on reconnect.
+    """
+    from haystack_osa_memory.bridge import main as bridge_main
+
+    argv = ["--url", url, "--connect-timeout", str(connect_timeout), "--call-timeout", str(call_timeout)]
+    argv += ["--retry-interval", str(retry_interval), "--log-level", log_level]
+    if buffer is not None:
+        argv += ["--buffer", str(buffer)]
+    raise typer.Exit(bridge_main(argv))
+
+
+@app.command("mcp-config")
+def mcp_config(
+    client: Annotated[
+        Literal["claude-code", "cursor", "generic"], typer.Option("--client", help="Which client to configure.")
+    ] = "claude-code",
+    url: Annotated[str, typer.Option("--url", help="The server's MCP endpoint.")] = "http://127.0.0.1:1417/mcp",
+    transport: Annotated[
+        Literal["http", "stdio"],
+        typer.Option("--transport", help="http: straight to the server; stdio: through `osa-memory mcp-stdio`."),
+    ] = "http",
+    embed_token: Annotated[
+        bool,
+        typer.Option("--embed-token", help="Write the value of $OSA_MEMORY_TOKEN instead of a reference to it."),
+    ] = False,
+    command: Annotated[
+        str, typer.Option("--command", help="The bridge executable for --transport stdio (absolute path if needed).")
+    ] = "osa-memory",
+) -> None:
+    """Print a working MCP client configuration (.mcp.json, .cursor/mcp.json, or both generic forms)."""
+    from haystack_osa_memory.client_config import client_config, render, setup_hint
+
+    token = None
+    if embed_token:
+        token = os.environ.get("OSA_MEMORY_TOKEN", "").strip()
+        if not token:
+            _fail("--embed-token needs OSA_MEMORY_TOKEN set to the token printed by `osa-memory token create`")
+    try:
+        config = client_config(client, url=url, token=token, transport=transport, command=command)
+    except ValueError as e:
+        _fail(str(e))
+    sys.stdout.write(render(config))
+    err.print(setup_hint(client, embedded=token is not None), highlight=False, soft_wrap=True)
 
 
 def main() -> None:

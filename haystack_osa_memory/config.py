@@ -32,6 +32,7 @@ ENVIRONMENT: dict[str, str] = {
     "OSA_MEMORY_TRUST_FLOOR": "trust_floor",
     "OSA_MEMORY_BUFFER": "buffer_path",
     "OSA_MEMORY_OFFLINE_GRACE": "offline_grace",
+    "OSA_MEMORY_REDACTION_OFF": "redaction_off",
 }
 
 
@@ -73,6 +74,21 @@ class MemoryConfig(BaseModel):
     trust_floor: float = Field(default=0.3, ge=0, le=1)
     buffer_path: Path | None = None
     offline_grace: float = Field(default=900.0, ge=0, le=86400)
+    redaction_off: tuple[str, ...] = ()
+
+    @field_validator("redaction_off", mode="before")
+    @classmethod
+    def _redaction_off(cls, value: object) -> object:
+        from haystack_osa_memory.redaction import CLASSES
+
+        items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+        if isinstance(items, list | tuple):
+            unknown = sorted(set(items) - set(CLASSES))
+            if unknown:
+                msg = f"unknown redaction classes {unknown}; allowed: {list(CLASSES)}"
+                raise ValueError(msg)
+            return tuple(items)
+        return value
 
     @property
     def offline_buffer_path(self) -> Path:

@@ -141,7 +141,11 @@ def classify(error: BaseException) -> str:
             or ("role" in text and "does not exist" in text)
         ):
             return "unauthorised"
-        if isinstance(cause, psycopg.OperationalError):
+        # Connection exceptions (class 08), server shutting down or starting (57P0x), or no SQLSTATE at
+        # all (the connection itself failed). A statement timeout (57014) is trouble, not an outage.
+        if isinstance(cause, psycopg.OperationalError) and (
+            not state or state.startswith(("08", "57P01", "57P02", "57P03"))
+        ):
             return "unreachable"
         return "erroring"
     return "erroring"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,6 +19,8 @@ from haystack_osa_memory.embedders import build_embedders
 from haystack_osa_memory.errors import DatabaseError, InvalidInputError, MemoryOffError, NotFoundError, OsaMemoryError
 from haystack_osa_memory.markers import add_marker, content_hash, document_id
 from haystack_osa_memory.pipelines import build_customer_search_pipeline, build_recall_pipeline, build_store_pipeline
+from haystack_osa_memory.redaction import CLASSES as REDACTION_CLASSES
+from haystack_osa_memory.redaction import redact
 from haystack_osa_memory.redaction_gate import secret_classes
 from haystack_osa_memory.reflect import OBSERVATION, ReflectReport, ReflectSettings, group_facts, observation_text
 from haystack_osa_memory.store.facts import FACT_SOURCE
@@ -30,6 +32,7 @@ from haystack_osa_memory.store.lifecycle import (
     count_scope_statement,
 )
 from haystack_osa_memory.store.schema import InitReport, ensure_schema
+from haystack_osa_memory.transfer import ImportItem, ImportReport
 from haystack_osa_memory.validation import (
     KINDS,
     NOTE_MAX,
@@ -168,7 +171,8 @@ class Memory:
         *,
         status: str | None = None,
         action: str = "store",
-    ) -> list[str]:
+    ) -> tuple[list[str], int]:
+        """Run the store pipeline; returns the document ids and how many values were redacted."""
         assert self.store_pipeline is not None
         scope = {
             "org_id": caller.org_id,
@@ -177,13 +181,13 @@ class Memory:
             "status": status,
             "stored_by": caller.run_id,
         }
-        data: dict[str, Any] = {"mark": scope, "write": {"actor": caller.run_id, "action": action}}
-        if self.document_embedder is not None:
-            data["embed"] = {"documents": docs}
-        else:
-            data["mark"] = {**scope, "documents": docs}
-        result = _run(self.store_pipeline, data)
-        return list(result["write"]["document_ids"])
+        data: dict[str, Any] = {
+            "redact": {"documents": docs},
+            "mark": scope,
+            "write": {"actor": caller.run_id, "action": action},
+        }
+        result = _run(self.store_pipeline, data, include={"redact"})
+        return list(result["write"]["document_ids"]), int(result["redact"]["redactions"])
 
     # -- tools ---------------------------------------------------------------------------------
     def store(
@@ -208,6 +212,7 @@ class Memory:
         topic = check_topic(topic)
         kind = check_choice(kind, "kind", KINDS)
         ttl = check_ttl_days(ttl_days)
+        topic, topic_redactions = self._redact_short(topic)
         meta: dict[str, Any] = {"kind": kind}
         if topic is not None:
             meta["topic"] = topic
@@ -215,16 +220,31 @@ class Memory:
             meta["expires_at"] = (datetime.now(UTC) + timedelta(days=ttl)).isoformat()
         try:
             self._lifecycle(caller)
-            (doc_id,) = self._write([Document(content=text, meta=meta)], caller)
+            (doc_id,), redactions = self._write([Document(content=text, meta=meta)], caller)
         except DatabaseError as e:
             if classify(e) != "unreachable":
                 raise
             return self._queue(text, meta, caller, e)
-        return {"stored": True, "assignment_id": caller.assignment_id, "document_id": doc_id}
+        return {
+            "stored": True,
+            "assignment_id": caller.assignment_id,
+            "document_id": doc_id,
+            "redactions": redactions + topic_redactions,
+        }
+
+    def _redact_short(self, text: str | None) -> tuple[str | None, int]:
+        """Redact a short field (topic) with the configured classes."""
+        if text is None:
+            return None, 0
+        classes = [c for c in REDACTION_CLASSES if c not in self.config.redaction_off]
+        result = redact(text, enabled_classes=classes)
+        return result.text, result.total
 
     # -- offline buffer ------------------------------------------------------------------------
     def _queue(self, text: str, meta: dict[str, Any], caller: Caller, error: BaseException) -> dict[str, Any]:
-        """Keep a fact in the durable local buffer while the database is unreachable."""
+        """Keep a fact in the durable local buffer while the database is unreachable (redacted first)."""
+        redacted, redactions = self._redact_short(text)
+        text = redacted or text
         pending = self.buffer.append(
             {
                 "org_id": caller.org_id,
@@ -242,6 +262,7 @@ class Memory:
             "reason": f"the database is unreachable ({error}); the fact waits in the local buffer "
             "and is stored when the database answers again",
             "pending": pending,
+            "redactions": redactions,
             "assignment_id": caller.assignment_id,
             "document_id": self._would_be_id(text, caller),
         }
@@ -355,8 +376,8 @@ class Memory:
                 return {"rejected": f"duplicate of fact {doc_id} in this assignment"}
         meta: dict[str, Any] = {"kind": kind, "title": title, "paths": paths, "personas": personas}
         docs = [Document(content=content, meta=meta)]
-        (doc_id,) = self._write(docs, caller, status=PROPOSED, action="propose")
-        return {"document_id": doc_id, "status": PROPOSED}
+        (doc_id,), redactions = self._write(docs, caller, status=PROPOSED, action="propose")
+        return {"document_id": doc_id, "status": PROPOSED, "redactions": redactions}
 
     def read(self, document_id: str, *, caller: Caller) -> dict[str, Any]:
         """The whole fact with provenance; records one read per (caller run, fact).
@@ -500,11 +521,61 @@ class Memory:
                 if topic is not None:
                     meta["topic"] = topic
                 text = observation_text(raws, summariser)
-                (observation_id,) = self._write([Document(content=text, meta=meta)], caller, action="reflect")
+                (observation_id,), _ = self._write([Document(content=text, meta=meta)], caller, action="reflect")
                 evidence = raw_ids
                 report.created.append(observation_id)
             report.consolidated += lifecycle.consolidate(scope, observation_id, evidence, raw_ids, actor=caller.run_id)
         return report.as_dict()
+
+    def import_items(
+        self,
+        items: Iterable[ImportItem],
+        *,
+        caller: Caller,
+        batch_size: int = 64,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> ImportReport:
+        """Store many facts in batches; facts already there (same bytes, same scope) are skipped.
+
+        Idempotent and resumable: re-running an import stores nothing new.
+        """
+        lifecycle = self._lifecycle(caller)
+        report = ImportReport()
+        batch: list[ImportItem] = []
+
+        def flush_batch() -> None:
+            ids = {self._would_be_id(item.fact, caller): item for item in batch}
+            existing = lifecycle.live_ids(list(ids))
+            report.skipped_existing += len(existing)
+            fresh = [item for doc_id, item in ids.items() if doc_id not in existing]
+            for status in dict.fromkeys(item.status for item in fresh):
+                docs = []
+                for item in (i for i in fresh if i.status == status):
+                    meta: dict[str, Any] = {"kind": item.kind}
+                    if item.topic is not None:
+                        meta["topic"] = item.topic
+                    if item.expires_at is not None:
+                        meta["expires_at"] = item.expires_at
+                    docs.append(Document(content=item.fact, meta=meta))
+                written, redactions = self._write(docs, caller, status=status, action="import")
+                report.stored += len(written)
+                report.redactions += redactions
+            if on_batch is not None:
+                on_batch(len(batch))
+            batch.clear()
+
+        for item in items:
+            report.read += 1
+            batch.append(item)
+            if len(batch) >= batch_size:
+                flush_batch()
+        if batch:
+            flush_batch()
+        return report
+
+    def export(self, *, caller: Caller) -> Iterator[dict[str, Any]]:
+        """Every live fact of the caller's scope, oldest first (see `transfer.export_line`)."""
+        return self._lifecycle(caller).export_rows(Scope(caller.org_id, caller.assignment_id))
 
     def status(self, *, caller: Caller) -> dict[str, Any]:
         """Health for ``caller``: database state (`ok`, `unreachable`, `unauthorised`, `erroring`), pending

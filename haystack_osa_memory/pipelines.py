@@ -11,11 +11,13 @@ from haystack_osa_memory.components import (
     GovernedFactWriter,
     GoverningRowAclFilter,
     GuardedTextEmbedder,
+    PrivacyRedactor,
     ScopedMemoryRetriever,
     ScopeMarkerStripper,
     ScopeMarkerWriter,
 )
 from haystack_osa_memory.config import MemoryConfig
+from haystack_osa_memory.redaction import CLASSES as REDACTION_CLASSES
 from haystack_osa_memory.store.facts import FACT_AUDIENCE
 
 #: Module patterns to pass to `Pipeline.loads(..., allowed_modules=...)` for our YAML pipelines.
@@ -34,19 +36,23 @@ def _kb(config: MemoryConfig) -> dict[str, Any]:
 
 
 def build_store_pipeline(config: MemoryConfig | None = None, document_embedder: Any | None = None) -> Pipeline:
-    """Indexing: [document embedder on the plain fact] -> ScopeMarkerWriter -> GovernedFactWriter.
+    """Indexing: PrivacyRedactor -> [document embedder on the plain fact] -> ScopeMarkerWriter -> GovernedFactWriter.
 
-    Run it with ``{"mark": {"documents": [...], "org_id": ..., "assignment_id": ...}}`` (plus
-    ``{"embed": {"documents": [...]}}`` instead of ``mark.documents`` when an embedder is given).
+    Run it with ``{"redact": {"documents": [...]}, "mark": {"org_id": ..., "assignment_id": ...}}``.
     """
     cfg = config or MemoryConfig()
     pipe = Pipeline()
+    redactor = PrivacyRedactor(enabled_classes=[c for c in REDACTION_CLASSES if c not in cfg.redaction_off])
+    pipe.add_component("redact", redactor)
     if document_embedder is not None:
         pipe.add_component("embed", document_embedder)
     pipe.add_component("mark", ScopeMarkerWriter(dataset=cfg.dataset, status=cfg.admitted_statuses[0]))
     pipe.add_component("write", GovernedFactWriter(memory_schema=cfg.memory_schema, **_kb(cfg)))
     if document_embedder is not None:
+        pipe.connect("redact.documents", "embed.documents")
         pipe.connect("embed.documents", "mark.documents")
+    else:
+        pipe.connect("redact.documents", "mark.documents")
     pipe.connect("mark.documents", "write.documents")
     pipe.connect("mark.governing_rows", "write.governing_rows")
     return pipe

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -133,7 +134,18 @@ REFLECT_SCOPES = sql.SQL(
     WHERE source = %s AND status = 'approved' ORDER BY 1, 2"""
 )
 
+LIVE_IDS = sql.SQL("SELECT id FROM {schema}.{gov} WHERE id = ANY(%s) AND status <> 'retired'")
+EXPORT_ROWS = sql.SQL(
+    """SELECT g.id, g.status, g.metadata, g.created_at, c.content
+    FROM {schema}.{gov} g JOIN {schema}.{chunk} c ON c.meta->>'document_id' = g.id
+    WHERE g.org_id = %s AND g.source = %s AND g.metadata->>'assignment_id' = %s
+      AND g.status IN ('approved', 'proposed', 'flagged', 'rejected')
+    ORDER BY g.created_at, g.id"""
+)
+
 _STATEMENTS: dict[str, sql.SQL] = {
+    "LIVE_IDS": LIVE_IDS,
+    "EXPORT_ROWS": EXPORT_ROWS,
     "REFLECT_CANDIDATES": REFLECT_CANDIDATES,
     "MARK_CONSOLIDATED": MARK_CONSOLIDATED,
     "SET_EVIDENCE": SET_EVIDENCE,
@@ -429,6 +441,28 @@ class LifecycleRepository:
         with transaction(self.conn_str, self.config) as conn:
             rows = conn.execute(self._q["REFLECT_SCOPES"], (FACT_SOURCE,)).fetchall()
         return [Scope(r[0], r[1]) for r in rows if r[1]]
+
+    # -- import / export --------------------------------------------------------------------------
+    def live_ids(self, document_ids: list[str]) -> set[str]:
+        """Which of these ids already exist (and are not retired)."""
+        with transaction(self.conn_str, self.config) as conn:
+            rows = conn.execute(self._q["LIVE_IDS"], (document_ids,)).fetchall()
+        return {r[0] for r in rows}
+
+    def export_rows(self, scope: Scope) -> Iterator[dict[str, Any]]:
+        """Every live fact of the scope, oldest first, as `transfer.export_line` expects."""
+        with transaction(self.conn_str, self.config) as conn:
+            rows = conn.execute(self._q["EXPORT_ROWS"], (scope.org_id, FACT_SOURCE, scope.assignment_id)).fetchall()
+        for doc_id, status, metadata, created_at, content in rows:
+            yield {
+                "fact": strip_marker(content or ""),
+                "topic": metadata.get("topic"),
+                "kind": metadata.get("kind", "fact"),
+                "status": status,
+                "expires_at": metadata.get("expires_at"),
+                "document_id": doc_id,
+                "created_at": created_at.isoformat(),
+            }
 
     # -- review ----------------------------------------------------------------------------------
     def review_list(self, org_id: str | None = None, assignment_id: str | None = None) -> list[dict[str, Any]]:

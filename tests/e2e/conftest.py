@@ -21,6 +21,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from haystack_osa_memory import MemoryConfig
 from haystack_osa_memory.store.schema import ensure_schema
+from haystack_osa_memory.store.tokens import TokenStore, parse_duration
 from tests.conftest import drop_schema, new_schema_config
 
 T = TypeVar("T")
@@ -94,11 +95,26 @@ class Server:
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*OSA_MEMORY, *args], env=self.env(), capture_output=True, text=True, timeout=120)
 
-    def token(self, assignment: str, org: str = "acme", *extra: str) -> dict[str, Any]:
-        done = self.cli("token", "create", "--org", org, "--assignment", assignment, "--json", *extra)
-        assert done.returncode == 0, done.stderr
-        data: dict[str, Any] = json.loads(done.stdout)
-        return data
+    def token(self, assignment: str, org: str = "acme", *extra: str, via_cli: bool = False) -> dict[str, Any]:
+        """A token for ``assignment`` (more with ``"--assignment", "B"``; ``"--expires-in", "2s"``).
+
+        Created in-process (fast) unless ``via_cli``; the CLI path is covered by its own tests.
+        """
+        if via_cli:
+            done = self.cli("token", "create", "--org", org, "--assignment", assignment, "--json", *extra)
+            assert done.returncode == 0, done.stderr
+            data: dict[str, Any] = json.loads(done.stdout)
+            return data
+        options = dict(zip(extra[::2], extra[1::2], strict=True))
+        extra_assignments = [v for k, v in zip(extra[::2], extra[1::2], strict=True) if k == "--assignment"]
+        expires = options.get("--expires-in")
+        issued = TokenStore(self.pg_conn_str, self.config).create(
+            org_id=org,
+            assignment_id=assignment,
+            extra_assignments=extra_assignments,
+            expires_in=parse_duration(expires) if expires else None,
+        )
+        return {"token": issued.token, "token_id": issued.token_id, "assignments": list(issued.caller.grants)}
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 
 def test_multi_assignment_token(server: Server) -> None:
-    issued = server.token("asg-main", "acme", "--assignment", "asg-side")
+    issued = server.token("asg-main", "acme", "--assignment", "asg-side", via_cli=True)
     token = issued["token"]
     assert issued["assignments"] == ["asg-main", "asg-side"]
     _, scopes = call(server.url, token, "kb_memory_scopes", {})

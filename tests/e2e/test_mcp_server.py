@@ -79,7 +79,7 @@ def test_store_recall_and_restart(server: Server) -> None:
     assert not is_error
     assert stored["stored"] is True
     assert stored["assignment_id"] == "asg-restart"
-    assert set(stored) == {"stored", "assignment_id", "document_id"}
+    assert set(stored) == {"stored", "assignment_id", "document_id", "redactions"}  # identifiers and a count
     server.stop()
     server.start()
     is_error, recalled = call(server.url, token, "kb_memory_recall", {"query": "staging VPN profile", "limit": 3})
@@ -187,7 +187,8 @@ def _post(server: Server, headers: dict[str, str]) -> httpx.Response:
 
 
 def test_unauthenticated_requests_get_401(server: Server) -> None:
-    issued = server.token("asg-auth")
+    issued = server.token("asg-auth", via_cli=True)
+    assert issued["token"].startswith("osam_")
     assert _post(server, {}).status_code == 401
     assert _post(server, {"Authorization": "Basic abc"}).status_code == 401
     assert _post(server, {"Authorization": "Bearer osam_0123456789abcdef_" + "A" * 43}).status_code == 401
@@ -230,7 +231,7 @@ def test_database_trouble_is_a_clear_error_and_the_server_keeps_serving(
     config = new_schema_config(pg_conn_str)
     ensure_schema(pg_conn_str, config)
     srv = Server(config, pg_conn_str, tmp_path_factory.mktemp("trouble") / "server.log")
-    srv.env = lambda: {**Server.env(srv), "OSA_MEMORY_STATEMENT_TIMEOUT_MS": "1000"}  # type: ignore[method-assign]
+    srv.env = lambda: {**Server.env(srv), "OSA_MEMORY_STATEMENT_TIMEOUT_MS": "2500"}  # type: ignore[method-assign]
     srv.start()
     try:
         token = srv.token("asg-trouble")["token"]

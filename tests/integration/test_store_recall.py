@@ -39,7 +39,12 @@ class TestStore:
         self, memory: Memory, alice: Caller, pg_conn_str: str, config: MemoryConfig
     ) -> None:
         result = memory.store("Staging deploys need the VPN", topic="deploy", caller=alice)
-        assert result == {"stored": True, "assignment_id": "asg-alpha", "document_id": result["document_id"]}
+        assert result == {
+            "stored": True,
+            "assignment_id": "asg-alpha",
+            "document_id": result["document_id"],
+            "redactions": 0,
+        }
         row = _gov_row(pg_conn_str, config, result["document_id"])
         assert row is not None
         org, specialist, source, audience, status, metadata, digest, dataset = row

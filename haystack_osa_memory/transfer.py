@@ -1,0 +1,139 @@
+"""Import and export of facts: JSONL, CSV and folders of Markdown notes.
+
+Export writes JSONL that import reads back losslessly (text, topic, kind, status, expiry); since
+document ids are derived from the bytes, re-importing the same facts creates nothing new, which also
+makes an interrupted import resumable.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from haystack_osa_memory.errors import InvalidInputError
+from haystack_osa_memory.validation import FACT_MAX, KINDS, TOPIC_MAX, check_choice, check_fact, check_topic
+
+IMPORTABLE_STATUSES = ("approved", "proposed", "flagged", "rejected")
+
+
+@dataclass(frozen=True)
+class ImportItem:
+    """One fact to import, with where it came from (for error messages)."""
+
+    fact: str
+    origin: str
+    topic: str | None = None
+    kind: str = "fact"
+    status: str = "approved"
+    expires_at: str | None = None
+
+
+@dataclass
+class ImportReport:
+    """Counts of an import run."""
+
+    read: int = 0
+    stored: int = 0
+    skipped_existing: int = 0
+    invalid: list[str] = field(default_factory=list)
+    redactions: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "read": self.read,
+            "stored": self.stored,
+            "skipped_existing": self.skipped_existing,
+            "invalid": len(self.invalid),
+            "invalid_examples": self.invalid[:10],
+            "redactions": self.redactions,
+        }
+
+
+def _item(raw: dict[str, Any], origin: str) -> ImportItem:
+    text = raw.get("fact", raw.get("content"))
+    fact = check_fact(text)
+    topic = check_topic(raw.get("topic") or None)
+    kind = check_choice(raw.get("kind") or "fact", "kind", KINDS)
+    status = check_choice(raw.get("status") or "approved", "status", IMPORTABLE_STATUSES)
+    expires = raw.get("expires_at")
+    if expires is not None and not isinstance(expires, str):
+        msg = "expires_at must be an ISO-8601 string"
+        raise InvalidInputError(msg)
+    return ImportItem(fact=fact, origin=origin, topic=topic, kind=kind, status=status, expires_at=expires)
+
+
+def _markdown_facts(path: Path) -> Iterator[str]:
+    """Paragraphs of a note, joined up to the fact size limit."""
+    current = ""
+    for block in path.read_text(encoding="utf-8").split("\n\n"):
+        block = block.strip()
+        if not block:
+            continue
+        while len(block) > FACT_MAX:
+            cut = block.rfind(" ", 0, FACT_MAX)
+            cut = cut if cut > 0 else FACT_MAX
+            if current:
+                yield current
+                current = ""
+            yield block[:cut].strip()
+            block = block[cut:].strip()
+        if current and len(current) + 2 + len(block) > FACT_MAX:
+            yield current
+            current = ""
+        current = f"{current}\n\n{block}" if current else block
+    if current:
+        yield current
+
+
+def read_items(path: Path) -> Iterator[ImportItem | tuple[str, str]]:
+    """Items of a JSONL or CSV file or a folder of Markdown notes; invalid rows as (origin, reason)."""
+    if path.is_dir():
+        for note in sorted(path.rglob("*.md")):
+            topic = note.stem[:TOPIC_MAX]
+            for i, text in enumerate(_markdown_facts(note), start=1):
+                origin = f"{note.relative_to(path)}#{i}"
+                try:
+                    yield _item({"fact": text, "topic": topic}, origin)
+                except InvalidInputError as e:
+                    yield origin, str(e)
+        return
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        with path.open(encoding="utf-8") as f:
+            for n, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                origin = f"{path.name}:{n}"
+                try:
+                    raw = json.loads(line)
+                    if not isinstance(raw, dict):
+                        raise InvalidInputError("each line must be a JSON object with a 'fact'")
+                    yield _item(raw, origin)
+                except (json.JSONDecodeError, InvalidInputError) as e:
+                    yield origin, str(e)
+        return
+    if suffix == ".csv":
+        with path.open(encoding="utf-8", newline="") as f:
+            reader = csv.DictReader(f)
+            if not reader.fieldnames or not {"fact", "content"} & set(reader.fieldnames):
+                msg = f"{path.name}: a CSV needs a 'fact' column (optional: topic, kind, status)"
+                raise InvalidInputError(msg)
+            for n, row in enumerate(reader, start=2):
+                origin = f"{path.name}:{n}"
+                try:
+                    yield _item(dict(row), origin)
+                except InvalidInputError as e:
+                    yield origin, str(e)
+        return
+    msg = f"cannot import {path}: use a .jsonl or .csv file, or a folder of .md notes"
+    raise InvalidInputError(msg)
+
+
+def export_line(fact: dict[str, Any]) -> str:
+    """One JSONL line of an exported fact (what `read_items` reads back)."""
+    keep = ("fact", "topic", "kind", "status", "expires_at", "document_id", "created_at")
+    return json.dumps({k: fact.get(k) for k in keep}, ensure_ascii=False, default=str)
