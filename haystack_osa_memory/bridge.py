@@ -55,7 +55,7 @@ from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import McpError
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("haystack_osa_memory.bridge")  # also when run as __main__
 
 T = TypeVar("T")
 
@@ -132,8 +132,12 @@ def classify(exc: BaseException, url: str) -> RemoteError:
                 "check --url (the MCP endpoint ends in /mcp)"
             )
     for leaf in leaves:
+        if isinstance(leaf, httpx.ConnectTimeout):
+            return RemoteUnreachable(f"cannot reach the osa-memory server at {url} (connection timed out)")
         if isinstance(leaf, TimeoutError | httpx.TimeoutException):
-            return RemoteUnreachable(f"no answer from the osa-memory server at {url} in time")
+            return RemoteUnreachable(
+                f"no answer from the osa-memory server at {url} in time (the request may still have been carried out)"
+            )
         if isinstance(leaf, httpx.TransportError | OSError):
             return RemoteUnreachable(f"cannot reach the osa-memory server at {url} ({type(leaf).__name__}: {leaf})")
     for leaf in leaves:
@@ -464,8 +468,12 @@ class Bridge:
                 streamable_http_client(self.url, http_client=http) as (read, write, _),
                 ClientSession(read, write) as session,
             ):
-                with anyio.fail_after(self.connect_timeout):
-                    await session.initialize()
+                try:
+                    with anyio.fail_after(self.connect_timeout):
+                        await session.initialize()
+                except TimeoutError:
+                    msg = f"no answer from the osa-memory server at {self.url} within {self.connect_timeout:g} s"
+                    raise RemoteUnreachable(msg) from None
                 result = await op(session)
         except Exception as exc:
             local = [leaf for leaf in _leaves(exc) if isinstance(leaf, LocalBufferError)]
@@ -535,13 +543,15 @@ class Bridge:
                     result = await self._call_remote(session, str(item.get("tool")), dict(item.get("arguments") or {}))
                     if result.isError:
                         refusal = "".join(getattr(c, "text", "") for c in result.content)[:2000]
-                        self.blocked = {
+                        blocked = {
                             "queue_id": item["id"],
                             "tool": item.get("tool"),
                             "queued_at": item.get("queued_at"),
                             "refusal": refusal,
                         }
-                        logger.warning(
+                        repeated, self.blocked = blocked == self.blocked, blocked
+                        logger.log(
+                            logging.DEBUG if repeated else logging.WARNING,
                             "the server refused queued item %s (%s): %s; flush stopped, %d item(s) kept",
                             item["id"],
                             item.get("tool"),
@@ -712,20 +722,31 @@ class Bridge:
             except Exception as e:
                 logger.debug("could not send tools/list_changed: %s", e)
 
+    async def _background_sync(self) -> None:
+        """`sync` that never brings the bridge down: a failure is logged and retried later."""
+        try:
+            await self.sync()
+        except Exception as e:
+            logger.warning("background sync failed: %s: %s", type(e).__name__, e)
+
     async def _retry_loop(self) -> None:
         while True:
             await anyio.sleep(self.retry_interval)
             if self.remote_state == "ok":
+                continue  # calls flush as they come; nothing to reconnect
+            try:
+                pending = await self._local(self.buffer.pending)
+            except LocalBufferError as e:
+                logger.warning("%s", e)
                 continue
-            pending = await self._local(self.buffer.pending)
-            if pending:
-                await self.sync()
+            if pending or not self._schemas:
+                await self._background_sync()
 
     async def run(self) -> None:
         logger.info("osa-memory stdio bridge to %s, buffer %s", self.url, self.buffer.path)
         options = self.server.create_initialization_options(NotificationOptions(tools_changed=True))
         async with stdio_server() as (read, write), anyio.create_task_group() as tg:
-            tg.start_soon(self.sync)
+            tg.start_soon(self._background_sync)
             if self.retry_interval > 0:
                 tg.start_soon(self._retry_loop)
             await self.server.run(read, write, options)
@@ -805,6 +826,12 @@ def main(argv: list[str] | None = None) -> int:
         _usage_error(
             f"{TOKEN_ENV} is not set: export the token printed by `osa-memory token create` "
             "(it is read from the environment, never from the command line)"
+        )
+        return 2
+    if re.fullmatch(r"\$\{[^}]*\}|\$[A-Za-z_]\w*", token):
+        _usage_error(
+            f"{TOKEN_ENV} holds the unexpanded placeholder {token!r}: the MCP client did not substitute it; "
+            f"set {TOKEN_ENV} in the environment the client is started from"
         )
         return 2
     parts = urlsplit(args.url)

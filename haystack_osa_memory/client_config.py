@@ -25,11 +25,11 @@ _ENV_REFERENCE: dict[ClientName, str] = {
     "generic": "${%s}",  # the most common convention; replace it if your client has another
 }
 
-#: Where each client reads the printed JSON (relative to the project root), for the CLI's hint.
+#: Where each client reads the printed JSON.
 CONFIG_FILES: dict[ClientName, str] = {
-    "claude-code": ".mcp.json",
-    "cursor": ".cursor/mcp.json",
-    "generic": "(your client's MCP configuration)",
+    "claude-code": ".mcp.json (project root)",
+    "cursor": ".cursor/mcp.json (project) or ~/.cursor/mcp.json (global)",
+    "generic": "your client's MCP configuration",
 }
 
 
@@ -107,6 +107,22 @@ def client_config(
     else:
         servers = {SERVER_NAME: _stdio_entry(client, url, token, command)}
     return {"mcpServers": servers}
+
+
+def setup_hint(client: ClientName, *, embedded: bool = False) -> str:
+    """One line for stderr: where to save the printed JSON and where the token must come from."""
+    where = f"Save it as {CONFIG_FILES[client]}"
+    if client == "generic":
+        where = (
+            "Keep the entry your client supports (osa-memory: HTTP; osa-memory-stdio: the local bridge) in "
+            + (CONFIG_FILES[client])
+        )
+    if embedded:
+        return f"{where}. It contains the token: keep it out of version control (chmod 600)."
+    return (
+        f"{where}; set {TOKEN_ENV} in the environment the client is started from (the file holds no secret). "
+        "See docs/clients.md."
+    )
 
 
 def render(config: dict[str, Any]) -> str:
