@@ -544,7 +544,8 @@ class Memory:
         batch: list[ImportItem] = []
 
         def flush_batch() -> None:
-            ids = {self._would_be_id(item.fact, caller): item for item in batch}
+            # ids of what will be stored: the redacted text (the pipeline redacts the same way)
+            ids = {self._would_be_id(self._redact_short(item.fact)[0] or item.fact, caller): item for item in batch}
             existing = lifecycle.live_ids(list(ids))
             report.skipped_existing += len(existing)
             fresh = [item for doc_id, item in ids.items() if doc_id not in existing]

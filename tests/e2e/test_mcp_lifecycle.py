@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -150,3 +151,35 @@ def test_reflect_over_mcp_and_cli(server: Server) -> None:
     usage = server.cli("reflect")
     assert usage.returncode == 1
     assert "exactly one of" in usage.stderr
+
+
+def test_cli_import_export_store_recall_status(server: Server, tmp_path: Path) -> None:
+    source = tmp_path / "facts.jsonl"
+    source.write_text(
+        '{"fact": "Imported fact about ferries", "topic": "travel"}\n'
+        '{"fact": "Imported fact with a secret: password=Xy9!secretvalue"}\n'
+        '{"nope": 1}\n',
+        encoding="utf-8",
+    )
+    first = server.cli("import", str(source), "--org", "acme", "--assignment", "asg-import", "--json")
+    assert first.returncode == 1  # one invalid row: reported, the others imported
+    report = json.loads(first.stdout)
+    assert (report["stored"], report["invalid"], report["redactions"]) == (2, 1, 1)
+    again = server.cli("import", str(source), "--org", "acme", "--assignment", "asg-import", "--json")
+    assert json.loads(again.stdout)["skipped_existing"] == 2
+    exported = server.cli("export", "--org", "acme", "--assignment", "asg-import")
+    assert exported.returncode == 0, exported.stderr
+    lines = [json.loads(line) for line in exported.stdout.splitlines()]
+    assert sorted(line["fact"] for line in lines) == [
+        "Imported fact about ferries",
+        "Imported fact with a secret: password=[REDACTED-PASSWORD]",
+    ]
+    stored = server.cli("store", "A fact from the CLI", "--org", "acme", "--assignment", "asg-import", "--json")
+    assert json.loads(stored.stdout)["stored"] is True
+    recalled = server.cli("recall", "ferries", "--org", "acme", "--assignment", "asg-import", "--json")
+    assert [f["content"] for f in json.loads(recalled.stdout)["facts"]] == ["Imported fact about ferries"]
+    status = server.cli("status", "--json")
+    assert json.loads(status.stdout)["facts"] >= 3
+    bad = server.cli("import", str(tmp_path / "missing.jsonl"), "--org", "acme", "--assignment", "a")
+    assert bad.returncode == 1
+    assert "does not exist" in bad.stderr
