@@ -4,8 +4,10 @@ from typing import Annotated, Any, Literal
 
 from hayhooks import BasePipelineWrapper
 from pydantic import Field
+from starlette.datastructures import Headers
 
-from haystack_osa_memory import scoped_caller, shared_memory
+from haystack_osa_memory import shared_memory
+from haystack_osa_memory.auth import caller_for
 
 
 class PipelineWrapper(BasePipelineWrapper):
@@ -19,6 +21,7 @@ class PipelineWrapper(BasePipelineWrapper):
         verdict: Literal["confirm", "flag"],
         note: Annotated[str | None, Field(min_length=1, max_length=500)] = None,
         assignment: Annotated[str | None, Field(min_length=1, max_length=128)] = None,
+        headers: Headers | None = None,
     ) -> dict[str, Any]:
         """Confirm a fact that proved right, or flag one that proved wrong; one vote per run and fact.
 
@@ -28,4 +31,4 @@ class PipelineWrapper(BasePipelineWrapper):
             note: Optional reason, at most 500 characters, without secrets.
             assignment: Optional assignment to act on, one granted to your token (default: its first).
         """
-        return self.memory.feedback(document_id, verdict, note, caller=scoped_caller(assignment))
+        return self.memory.feedback(document_id, verdict, note, caller=caller_for(assignment, headers))

@@ -4,8 +4,10 @@ from typing import Annotated, Any
 
 from hayhooks import BasePipelineWrapper
 from pydantic import Field
+from starlette.datastructures import Headers
 
-from haystack_osa_memory import scoped_caller, shared_memory
+from haystack_osa_memory import shared_memory
+from haystack_osa_memory.auth import caller_for
 
 
 class PipelineWrapper(BasePipelineWrapper):
@@ -18,6 +20,7 @@ class PipelineWrapper(BasePipelineWrapper):
         document_id: Annotated[str, Field(min_length=64, max_length=64)],
         reason: Annotated[str, Field(min_length=1, max_length=500)],
         assignment: Annotated[str | None, Field(min_length=1, max_length=128)] = None,
+        headers: Headers | None = None,
     ) -> dict[str, Any]:
         """Retract a fact of this assignment for good: it is never recalled, read or listed again.
 
@@ -26,4 +29,4 @@ class PipelineWrapper(BasePipelineWrapper):
             reason: Why it is retracted (kept for the audit), at most 500 characters.
             assignment: Optional assignment to act on, one granted to your token (default: its first).
         """
-        return self.memory.forget(document_id, reason, caller=scoped_caller(assignment))
+        return self.memory.forget(document_id, reason, caller=caller_for(assignment, headers))

@@ -4,8 +4,10 @@ from typing import Annotated, Any, Literal
 
 from hayhooks import BasePipelineWrapper
 from pydantic import Field
+from starlette.datastructures import Headers
 
-from haystack_osa_memory import scoped_caller, shared_memory
+from haystack_osa_memory import shared_memory
+from haystack_osa_memory.auth import caller_for
 
 
 class PipelineWrapper(BasePipelineWrapper):
@@ -19,6 +21,7 @@ class PipelineWrapper(BasePipelineWrapper):
         topic: Annotated[str | None, Field(min_length=1, max_length=120)] = None,
         cursor: Annotated[str | None, Field(min_length=1, max_length=500)] = None,
         assignment: Annotated[str | None, Field(min_length=1, max_length=128)] = None,
+        headers: Headers | None = None,
     ) -> dict[str, Any]:
         """List this assignment's facts, 20 per page, oldest first; pass next_cursor back for the next page.
 
@@ -28,4 +31,4 @@ class PipelineWrapper(BasePipelineWrapper):
             cursor: The next_cursor of the previous page.
             assignment: Optional assignment to act on, one granted to your token (default: its first).
         """
-        return self.memory.list_facts(status, topic, cursor, caller=scoped_caller(assignment))
+        return self.memory.list_facts(status, topic, cursor, caller=caller_for(assignment, headers))

@@ -4,8 +4,10 @@ from typing import Annotated, Any, Literal
 
 from hayhooks import BasePipelineWrapper
 from pydantic import Field
+from starlette.datastructures import Headers
 
-from haystack_osa_memory import scoped_caller, shared_memory
+from haystack_osa_memory import shared_memory
+from haystack_osa_memory.auth import caller_for
 
 Path = Annotated[str, Field(min_length=1, max_length=300)]
 Persona = Annotated[str, Field(min_length=1, max_length=60)]
@@ -27,6 +29,7 @@ class PipelineWrapper(BasePipelineWrapper):
             list[Annotated[str, Field(min_length=1, max_length=60)]] | None, Field(max_length=10)
         ] = None,
         assignment: Annotated[str | None, Field(min_length=1, max_length=128)] = None,
+        headers: Headers | None = None,
     ) -> dict[str, Any]:
         """Propose knowledge for this assignment; it is recalled only after a human accepts it.
 
@@ -38,4 +41,4 @@ class PipelineWrapper(BasePipelineWrapper):
             personas: Optional roles it is meant for (at most 10).
             assignment: Optional assignment to act on, one granted to your token (default: its first).
         """
-        return self.memory.propose(kind, title, body, paths, personas, caller=scoped_caller(assignment))
+        return self.memory.propose(kind, title, body, paths, personas, caller=caller_for(assignment, headers))

@@ -4,8 +4,10 @@ from typing import Annotated, Any
 
 from hayhooks import BasePipelineWrapper
 from pydantic import Field
+from starlette.datastructures import Headers
 
-from haystack_osa_memory import scoped_caller, shared_memory
+from haystack_osa_memory import shared_memory
+from haystack_osa_memory.auth import caller_for
 
 
 class PipelineWrapper(BasePipelineWrapper):
@@ -17,6 +19,7 @@ class PipelineWrapper(BasePipelineWrapper):
         self,
         document_id: Annotated[str, Field(min_length=64, max_length=64)],
         assignment: Annotated[str | None, Field(min_length=1, max_length=128)] = None,
+        headers: Headers | None = None,
     ) -> dict[str, Any]:
         """Read one fact of this assignment in full, with provenance, status and trust.
 
@@ -24,4 +27,4 @@ class PipelineWrapper(BasePipelineWrapper):
             document_id: The 64-character id returned by kb_memory_store, kb_memory_recall or kb_memory_list.
             assignment: Optional assignment to act on, one granted to your token (default: its first).
         """
-        return self.memory.read(document_id, caller=scoped_caller(assignment))
+        return self.memory.read(document_id, caller=caller_for(assignment, headers))

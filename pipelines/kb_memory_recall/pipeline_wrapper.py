@@ -4,8 +4,10 @@ from typing import Annotated, Any
 
 from hayhooks import BasePipelineWrapper
 from pydantic import Field
+from starlette.datastructures import Headers
 
-from haystack_osa_memory import scoped_caller, shared_memory
+from haystack_osa_memory import shared_memory
+from haystack_osa_memory.auth import caller_for
 
 
 class PipelineWrapper(BasePipelineWrapper):
@@ -19,6 +21,7 @@ class PipelineWrapper(BasePipelineWrapper):
         query: Annotated[str, Field(min_length=1, max_length=1000)],
         limit: Annotated[int, Field(ge=1, le=20)] = 8,
         assignment: Annotated[str | None, Field(min_length=1, max_length=128)] = None,
+        headers: Headers | None = None,
     ) -> dict[str, Any]:
         """Recall facts stored earlier in the memory of the assignment you are working on, best match first.
 
@@ -30,4 +33,4 @@ class PipelineWrapper(BasePipelineWrapper):
             limit: How many facts to return, 1 to 20 (default 8).
             assignment: Optional assignment to act on, one granted to your token (default: its first).
         """
-        return self.memory.recall(query, limit, caller=scoped_caller(assignment))
+        return self.memory.recall(query, limit, caller=caller_for(assignment, headers))

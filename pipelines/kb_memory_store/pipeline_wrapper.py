@@ -4,8 +4,10 @@ from typing import Annotated, Any, Literal
 
 from hayhooks import BasePipelineWrapper
 from pydantic import Field
+from starlette.datastructures import Headers
 
-from haystack_osa_memory import scoped_caller, shared_memory
+from haystack_osa_memory import shared_memory
+from haystack_osa_memory.auth import caller_for
 
 
 class PipelineWrapper(BasePipelineWrapper):
@@ -21,6 +23,7 @@ class PipelineWrapper(BasePipelineWrapper):
         kind: Literal["fact", "procedure", "pitfall", "preference", "reference"] = "fact",
         ttl_days: Annotated[int | None, Field(ge=1, le=3650)] = None,
         assignment: Annotated[str | None, Field(min_length=1, max_length=128)] = None,
+        headers: Headers | None = None,
     ) -> dict[str, Any]:
         """Store a durable fact in the memory of the assignment you are working on, for later sessions.
 
@@ -34,4 +37,4 @@ class PipelineWrapper(BasePipelineWrapper):
             ttl_days: Optional time to live in days; afterwards the fact is returned marked stale.
             assignment: Optional assignment to act on, one granted to your token (default: its first).
         """
-        return self.memory.store(fact, topic, kind=kind, ttl_days=ttl_days, caller=scoped_caller(assignment))
+        return self.memory.store(fact, topic, kind=kind, ttl_days=ttl_days, caller=caller_for(assignment, headers))
