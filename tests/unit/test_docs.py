@@ -1,0 +1,24 @@
+"""Docs match the code: every setting and every tool is documented."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from haystack_osa_memory.config import ENVIRONMENT
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_every_environment_variable_is_documented() -> None:
+    text = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+    missing = [name for name in ENVIRONMENT if f"`{name}`" not in text]
+    assert missing == []
+
+
+def test_every_tool_is_documented_and_has_a_wrapper() -> None:
+    tools = sorted(p.name for p in (REPO / "pipelines").iterdir() if (p / "pipeline_wrapper.py").exists())
+    assert len(tools) == 10
+    docs = (REPO / "docs" / "security.md").read_text(encoding="utf-8")
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert [t for t in tools if f"`{t}`" not in docs] == []
+    assert [t for t in tools if f"`{t}`" not in readme] == []
