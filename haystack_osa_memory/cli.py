@@ -76,8 +76,10 @@ def _connect(config: MemoryConfig) -> str:
 
 
 def _emit(data: Any, as_json: bool) -> None:
+    """Plain JSON on stdout (never coloured, even with FORCE_COLOR set)."""
     if as_json:
-        out.print_json(json.dumps(data, default=str))
+        sys.stdout.write(json.dumps(data, default=str, indent=2) + "\n")
+        sys.stdout.flush()
 
 
 @app.command()
