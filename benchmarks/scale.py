@@ -30,9 +30,15 @@ real ``Memory.store`` pipeline, which gives the store latency. Each is queried t
   whose anchor cosine exceeds ~0.82 are closer to it than the fact, and topic chunks that repeat
   the keywords outrank the fact lexically: the bigger the topic, the more of them.
 
-A query is *complete* when the target fact is in the top ``--k``. Latency is the wall time of the
-database work (statements, pool checkout, post-filter look-ups; the query embedding is a lookup
-table, so embedding time is excluded).
+A query is *complete* when the target fact is in the top ``--k``; ``rows/k`` is how many rows a
+design returned on average (a post-filter or a filtered HNSW scan returns fewer than k). Latency is
+the wall time of the database work per query, measured in this process after three warm-up
+queries (statements, pool checkout, post-filter look-ups; the query "embedding" is a lookup table,
+so embedding time is excluded). Store latency is ``Memory.store`` end to end, without and then
+with the HNSW index to maintain. Bulk import is rows per second of ``COPY`` (governing rows +
+chunks, with the keyword GIN and btree indexes in place); text generation is timed apart. Memory
+is RSS and PSS summed over the postmaster and its children (psutil; only when the server runs on
+this machine), at each phase and as the peak of one-second samples.
 
 **Designs.**
 
@@ -40,10 +46,15 @@ table, so embedding time is excluded).
   HNSW index; and ``ts_rank_cd`` keyword search as pgvector-haystack does it), then keep the rows
   whose governing row is the caller's assignment.
 - (b) *WHERE filter + HNSW*: ``WHERE meta->>'assignment_id' = ...`` on the chunk table (the
-  pgvector-haystack filter) with an HNSW index, with pgvector's default scan and with
-  ``hnsw.iterative_scan = relaxed_order``.
+  pgvector-haystack filter; the benchmark copies ``assignment_id`` into the chunk ``meta`` for
+  this, ``Memory.store`` does not write it there) with an HNSW index, with pgvector's default scan
+  and with ``hnsw.iterative_scan = relaxed_order``.
 - (c) *ours*: ``FactRepository.scoped_candidates`` (scope applied in SQL, BM25 and exact vector
   distance over the scope's rows only), and the full ``Memory.recall`` pipeline (hybrid, fused).
+
+Order of a run: bulk load, ANALYZE, store the targets, measure the designs that need no vector
+index, build the HNSW index (``--maintenance-work-mem``), measure the HNSW designs and ours again,
+store more facts (latency with the index), drop the schema.
 
 The numbers of (a) and (b) depend on this synthetic topic model (topic sizes, noise levels); the
 point of the benchmark is the trend with ``--chunks`` and that (c) does not depend on it.
@@ -241,7 +252,9 @@ class Target:
 
 
 def unit(v: np.ndarray) -> np.ndarray:
-    return (v / np.linalg.norm(v, axis=-1, keepdims=True)).astype(np.float32)
+    """``v`` (or each row of it) scaled to length 1, as float32."""
+    out: np.ndarray = (v / np.linalg.norm(v, axis=-1, keepdims=True)).astype(np.float32)
+    return out
 
 
 def orthogonal_unit(rng: np.random.Generator, *basis: np.ndarray) -> np.ndarray:
@@ -426,6 +439,7 @@ def machine_info() -> dict[str, Any]:
         "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
         "os": platform.platform(),
         "python": platform.python_version(),
+        "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
     }
 
 
@@ -538,6 +552,7 @@ class Report:
     sizes_mib: dict[str, float] = field(default_factory=dict)
     plans: dict[str, str] = field(default_factory=dict)
     total_seconds: float = 0.0
+    load_avg_at_end: list[float] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------- benchmark
@@ -702,8 +717,8 @@ class Bench:
             ([t.document_id for t in self.targets],),
         )
 
-    def store_more(self) -> None:
-        """Store latency again, now with the HNSW index to maintain (new facts in the targets' scopes)."""
+    def store_more(self, label: str) -> None:
+        """Store latency again after the queries (new facts in the targets' scopes), usually with the HNSW index."""
         assert self.memory is not None
         seconds = []
         extra = []
@@ -716,7 +731,7 @@ class Bench:
                 t0 = time.perf_counter()
                 self.memory.store(text, caller=caller)
                 seconds.append(time.perf_counter() - t0)
-        self.report.store_latency_ms["with HNSW index"] = percentiles(seconds)
+        self.report.store_latency_ms[label] = percentiles(seconds)
 
     def create_hnsw(self) -> None:
         self.conn.execute(sql.SQL("SET maintenance_work_mem = {}").format(sql.Literal(self.p.maintenance_work_mem)))
@@ -825,7 +840,7 @@ class Bench:
                     bar.advance(task)
         latency = percentiles(seconds)
         for side, counts in found.items():
-            share = {kind: round(100 * counts[kind] / len(self.targets), 1) for kind in KINDS}
+            share: dict[str, float] = {kind: round(100 * counts[kind] / len(self.targets), 1) for kind in KINDS}
             mean_returned = round(returned[side] / len(seconds), 2)
             self.report.results.append(MethodResult(design, side, share, mean_returned, latency, len(seconds), note))
 
@@ -851,7 +866,7 @@ class Bench:
         self.measure("(a) post-filter, HNSW", self.post_filter_vector)
         self.measure(f"(b) WHERE + HNSW (ef_search={ef})", self.where_hnsw)
         self.conn.execute("SET hnsw.iterative_scan = relaxed_order")
-        self.measure("(b) WHERE + HNSW, relaxed_order", self.where_hnsw, note="iterative scan, max_scan_tuples 20000")
+        self.measure("(b) WHERE + HNSW, relaxed_order", self.where_hnsw, note="hnsw.max_scan_tuples 20000")
         self.conn.execute("RESET hnsw.iterative_scan")
         self.measure(
             "(c) ours, scoped SQL (HNSW exists)",
@@ -913,6 +928,10 @@ def print_report(r: Report) -> None:
         f"Python {m['python']}"
     )
     console.print(
+        f"load average (1/5/15 min) at start {m['load_avg_at_start']}, at end {r.load_avg_at_end}: other processes on "
+        "this machine share its cores"
+    )
+    console.print(
         f"PostgreSQL {r.server.get('version')}, pgvector {r.server.get('pgvector')}, shared_buffers "
         f"{r.server.get('shared_buffers')}, work_mem {r.server.get('work_mem')}"
     )
@@ -925,7 +944,8 @@ def print_report(r: Report) -> None:
     console.print(
         f"bulk import: {b['rows_copied']:,} rows ({b['chunks']:,} chunks) by COPY in {b['copy_s']} s = "
         f"{b['copy_rows_per_s']:,} rows/s ({b['copy_chunks_per_s']:,} chunks/s; text generation "
-        f"{b['generate_s']} s apart); ANALYZE {b['analyze_s']} s; HNSW build {b.get('hnsw_build_s')} s"
+        f"{b['generate_s']} s apart); ANALYZE {b['analyze_s']} s; HNSW build "
+        + (f"{b['hnsw_build_s']} s" if "hnsw_build_s" in b else "skipped")
     )
 
     table = Table(title=f"Completeness (target in top {p['k']}) and recall latency", show_lines=False)
@@ -982,6 +1002,7 @@ def print_report(r: Report) -> None:
 def write_plot(r: Report, path: Path) -> None:
     try:
         import matplotlib
+        import matplotlib.ticker
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -996,10 +1017,12 @@ def write_plot(r: Report, path: Path) -> None:
     left.set_xlabel(f"target in top {r.params['k']} (%)")
     left.set_yticks(y, labels, fontsize=8)
     left.invert_yaxis()
-    left.legend()
+    left.legend(loc="lower left")
     right.barh(y, [res.latency_ms["p50"] for res in r.results], label="p50")
     right.scatter([res.latency_ms["p99"] for res in r.results], y, color="black", marker="|", label="p99")
     right.set_xscale("log")
+    right.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    right.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
     right.set_xlabel("latency (ms, log)")
     right.legend()
     fig.suptitle(f"{r.params['chunks']:,} customer chunks, {r.machine['cores']} cores ({r.started_at})")
@@ -1028,6 +1051,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Params, argparse.Namespac
     parser.add_argument("--json", type=Path, help="write the results as JSON")
     parser.add_argument("--plot", type=Path, help="write a PNG plot (needs matplotlib)")
     parser.add_argument("--explain", action="store_true", help="print EXPLAIN ANALYZE of ours and of (b)")
+    parser.add_argument(
+        "--skip-hnsw", action="store_true", help="no HNSW index and no (b) designs (the build dominates at 1M chunks)"
+    )
     args = parser.parse_args(argv)
     if args.chunks < 1 or args.assignments < 1 or args.facts_per_assignment < 1:
         parser.error("--chunks, --assignments and --facts-per-assignment must be positive")
@@ -1064,18 +1090,20 @@ def main(argv: list[str] | None = None) -> int:
             bench.build()
             bench.store_targets()
             bench.run_designs("exact")
-            bench.create_hnsw()
-            bench.run_designs("hnsw")
+            if not args.skip_hnsw:
+                bench.create_hnsw()
+                bench.run_designs("hnsw")
             if args.explain:
                 bench.explain()
-            bench.store_more()
+            bench.store_more("with HNSW index" if not args.skip_hnsw else "second batch")
             bench.sizes()
         finally:
             if sampler is not None:
-                bench.report.memory["peak (sampled every second)"] = sampler.stop()
+                bench.report.memory["peak, 1 s samples"] = sampler.stop()
             bench.drop()
     report = bench.report
     report.total_seconds = round(time.perf_counter() - started, 1)
+    report.load_avg_at_end = [round(x, 2) for x in os.getloadavg()]
     if not args.explain:
         report.plans = {}
     print_report(report)

@@ -10,6 +10,7 @@ from typing import Any
 
 from haystack import Document, Pipeline
 from haystack.core.errors import PipelineRuntimeError
+from haystack.utils import Secret
 
 from haystack_osa_memory.buffer import OfflineBuffer
 from haystack_osa_memory.caller import Caller
@@ -145,8 +146,9 @@ class Memory:
             self.conn_str = resolve_connection_string(self.config)
             if self.init_schema:
                 self.init_report = ensure_schema(self.conn_str, self.config)
-            store = build_store_pipeline(self.config, self.document_embedder)
-            recall = build_recall_pipeline(self.config, self.text_embedder)
+            secret = Secret.from_token(self.conn_str)
+            store = build_store_pipeline(self.config, self.document_embedder, connection_string=secret)
+            recall = build_recall_pipeline(self.config, self.text_embedder, connection_string=secret)
             store.warm_up()
             recall.warm_up()
             self.lifecycle = LifecycleRepository(self.conn_str, self.config)
@@ -616,7 +618,10 @@ class Memory:
         """Customer-facing search over the same knowledge base; never returns a fact."""
         query = check_query(query)
         self.warm_up()
-        pipe = build_customer_search_pipeline(self.config, top_k=top_k)
+        assert self.conn_str is not None
+        pipe = build_customer_search_pipeline(
+            self.config, top_k=top_k, connection_string=Secret.from_token(self.conn_str)
+        )
         result = _run(pipe, {"retriever": {"query": query}, "acl": {"org_id": org_id}})
         return list(result["acl"]["documents"])
 

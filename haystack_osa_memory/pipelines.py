@@ -1,4 +1,9 @@
-"""The only place components are connected: indexing (store), recall and customer search pipelines."""
+"""The only place components are connected: indexing (store), recall and customer search pipelines.
+
+Components read the connection string from the `PG_CONN_STR` environment variable unless a
+``connection_string`` secret is given (`Memory` passes the one it resolved, so a `MemoryConfig` with
+its own `pg_conn_str` is honoured even when `PG_CONN_STR` points elsewhere).
+"""
 
 from __future__ import annotations
 
@@ -24,9 +29,9 @@ from haystack_osa_memory.store.facts import FACT_AUDIENCE
 ALLOWED_MODULES = ["haystack_osa_memory.*"]
 
 
-def _kb(config: MemoryConfig) -> dict[str, Any]:
+def _kb(config: MemoryConfig, connection_string: Secret | None = None) -> dict[str, Any]:
     return {
-        "connection_string": Secret.from_env_var("PG_CONN_STR"),
+        "connection_string": connection_string or Secret.from_env_var("PG_CONN_STR"),
         "kb_schema": config.kb_schema,
         "governing_table": config.governing_table,
         "chunk_table": config.chunk_table,
@@ -35,7 +40,12 @@ def _kb(config: MemoryConfig) -> dict[str, Any]:
     }
 
 
-def build_store_pipeline(config: MemoryConfig | None = None, document_embedder: Any | None = None) -> Pipeline:
+def build_store_pipeline(
+    config: MemoryConfig | None = None,
+    document_embedder: Any | None = None,
+    *,
+    connection_string: Secret | None = None,
+) -> Pipeline:
     """Indexing: PrivacyRedactor -> [document embedder on the plain fact] -> ScopeMarkerWriter -> GovernedFactWriter.
 
     Run it with ``{"redact": {"documents": [...]}, "mark": {"org_id": ..., "assignment_id": ...}}``.
@@ -47,7 +57,7 @@ def build_store_pipeline(config: MemoryConfig | None = None, document_embedder: 
     if document_embedder is not None:
         pipe.add_component("embed", document_embedder)
     pipe.add_component("mark", ScopeMarkerWriter(dataset=cfg.dataset, status=cfg.admitted_statuses[0]))
-    pipe.add_component("write", GovernedFactWriter(memory_schema=cfg.memory_schema, **_kb(cfg)))
+    pipe.add_component("write", GovernedFactWriter(memory_schema=cfg.memory_schema, **_kb(cfg, connection_string)))
     if document_embedder is not None:
         pipe.connect("redact.documents", "embed.documents")
         pipe.connect("embed.documents", "mark.documents")
@@ -64,6 +74,7 @@ def build_recall_pipeline(
     *,
     top_k: int = 8,
     retriever_params: dict[str, Any] | None = None,
+    connection_string: Secret | None = None,
 ) -> Pipeline:
     """Recall: [guarded text embedder] -> ScopedMemoryRetriever -> GoverningRowAclFilter -> ScopeMarkerStripper.
 
@@ -82,12 +93,17 @@ def build_recall_pipeline(
     pipe.add_component(
         "retrieve",
         ScopedMemoryRetriever(
-            top_k=top_k, admitted_statuses=list(cfg.admitted_statuses), **(retriever_params or {}), **_kb(cfg)
+            top_k=top_k,
+            admitted_statuses=list(cfg.admitted_statuses),
+            **(retriever_params or {}),
+            **_kb(cfg, connection_string),
         ),
     )
     pipe.add_component(
         "acl",
-        GoverningRowAclFilter(audiences=[FACT_AUDIENCE], admitted_statuses=list(cfg.admitted_statuses), **_kb(cfg)),
+        GoverningRowAclFilter(
+            audiences=[FACT_AUDIENCE], admitted_statuses=list(cfg.admitted_statuses), **_kb(cfg, connection_string)
+        ),
     )
     pipe.add_component("strip", ScopeMarkerStripper())
     if text_embedder is not None:
@@ -97,7 +113,9 @@ def build_recall_pipeline(
     return pipe
 
 
-def build_customer_search_pipeline(config: MemoryConfig | None = None, *, top_k: int = 10) -> Pipeline:
+def build_customer_search_pipeline(
+    config: MemoryConfig | None = None, *, top_k: int = 10, connection_string: Secret | None = None
+) -> Pipeline:
     """Customer-facing search: pgvector-haystack keyword retriever -> GoverningRowAclFilter(customer).
 
     Run it with ``{"retriever": {"query": ...}, "acl": {"org_id": ...}}``. Facts (audience
@@ -108,7 +126,7 @@ def build_customer_search_pipeline(config: MemoryConfig | None = None, *, top_k:
 
     cfg = config or MemoryConfig()
     store = PgvectorDocumentStore(
-        connection_string=Secret.from_env_var("PG_CONN_STR"),
+        connection_string=connection_string or Secret.from_env_var("PG_CONN_STR"),
         schema_name=cfg.kb_schema,
         table_name=cfg.chunk_table,
         embedding_dimension=cfg.embedding_dimension,
@@ -118,6 +136,6 @@ def build_customer_search_pipeline(config: MemoryConfig | None = None, *, top_k:
     )
     pipe = Pipeline()
     pipe.add_component("retriever", PgvectorKeywordRetriever(document_store=store, top_k=top_k))
-    pipe.add_component("acl", GoverningRowAclFilter(audiences=["customer"], **_kb(cfg)))
+    pipe.add_component("acl", GoverningRowAclFilter(audiences=["customer"], **_kb(cfg, connection_string)))
     pipe.connect("retriever.documents", "acl.documents")
     return pipe

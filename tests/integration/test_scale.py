@@ -151,7 +151,9 @@ class ScaledKb:
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
-    return (v / np.linalg.norm(v, axis=-1, keepdims=True)).astype(np.float32)
+    """``v`` (or each row of it) scaled to length 1, as float32."""
+    out: np.ndarray = (v / np.linalg.norm(v, axis=-1, keepdims=True)).astype(np.float32)
+    return out
 
 
 def _fill(template: str, rnd: random.Random, **fixed: str) -> str:
@@ -178,7 +180,6 @@ def _query_words(i: int) -> dict[str, str]:
 
 def _distractor_text(cluster: int | None, rnd: random.Random, sentences: int) -> str:
     """Text of one distractor: with a cluster, every query word of that cluster appears 2+ times."""
-    parts = []
     if cluster is None:
         parts = [_fill(rnd.choice(FILLER_SENTENCES), rnd) for _ in range(sentences)]
     else:

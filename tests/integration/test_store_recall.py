@@ -302,3 +302,17 @@ class TestCustomerSearch:
         assert all(not (d.content or "").startswith("<!--") for d in found)
         facts = memory.recall("refund policy", caller=alice)["facts"]
         assert [f["content"] for f in facts] == ["Refund policy secret: internal agents may refund up to 500 EUR"]
+
+
+def test_config_connection_string_wins_over_the_environment(
+    config: MemoryConfig, alice: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A MemoryConfig with its own pg_conn_str is honoured even when PG_CONN_STR points elsewhere."""
+    monkeypatch.setenv("PG_CONN_STR", "postgresql://nobody@127.0.0.1:1/elsewhere")
+    memory = Memory(config, use_default_embedders=False)
+    stored = memory.store("Config beats environment", caller=alice)
+    assert [f["document_id"] for f in memory.recall("config environment", caller=alice)["facts"]] == [
+        stored["document_id"]
+    ]
+    monkeypatch.delenv("PG_CONN_STR")
+    assert memory.customer_search("config environment", org_id="acme") == []
