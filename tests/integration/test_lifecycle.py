@@ -123,7 +123,7 @@ class TestProposeAndReview:
             "procedure", "Rotate keys", "Rotate the signing keys every quarter", ["ops/keys.md"], ["sre"], caller=alice
         )
         doc = result["document_id"]
-        assert result == {"document_id": doc, "status": "proposed"}
+        assert result == {"document_id": doc, "status": "proposed", "redactions": 0}
         assert memory.recall("rotate signing keys", caller=alice)["facts"] == []
         assert memory.read(doc, caller=alice)["paths"] == ["ops/keys.md"]
         assert [r["document_id"] for r in repo.review_list(assignment_id="asg-alpha")] == [doc]
