@@ -45,6 +45,19 @@ UPSERT_GOVERNING_ROW = sql.SQL(
       AND {schema}.{gov}.metadata->>'assignment_id' = EXCLUDED.metadata->>'assignment_id'
     RETURNING id, status"""
 )
+# Lexical statistics of a fact, computed once at write time (same expression the recall query
+# falls back to), so recall does not re-tokenise every fact of the scope on every query. They are
+# used only while the chunk's content still has the same md5 (a chunk changed by other tools is
+# re-tokenised at query time).
+UPSERT_TERMS = sql.SQL(
+    """INSERT INTO {schema}.osa_fact_terms (document_id, language, content_md5, tsv, dl)
+    SELECT %(id)s, %(language)s, md5(%(content)s), x.tsv,
+           (SELECT coalesce(sum(coalesce(array_length(u.positions, 1), 1)), 0) FROM unnest(x.tsv) u)
+    FROM (SELECT to_tsvector(%(language)s::regconfig,
+                 regexp_replace(%(content)s, '^<!-- osa-memory:scope [^\n]* -->\n', '')) AS tsv) x
+    ON CONFLICT (document_id) DO UPDATE SET
+        language = EXCLUDED.language, content_md5 = EXCLUDED.content_md5, tsv = EXCLUDED.tsv, dl = EXCLUDED.dl"""
+)
 INSERT_AUDIT = sql.SQL(
     """INSERT INTO {mem}.audit (actor, action, org_id, assignment_id, document_id, details)
     VALUES (%(actor)s, %(action)s, %(org_id)s, %(assignment_id)s, %(document_id)s, %(details)s)"""
@@ -67,14 +80,18 @@ SCOPED_CANDIDATES = sql.SQL(
       AND g.metadata->>'assignment_id' = %(assignment_id)s
 ),
 docs AS (
-    SELECT document_id,
-           to_tsvector(%(language)s::regconfig,
-                       regexp_replace(content, '^<!-- osa-memory:scope [^\n]* -->\n', '')) AS tsv
-    FROM scope
+    -- precomputed at write time (fact_terms), recomputed for rows written before it existed
+    SELECT s.document_id,
+           coalesce(t.tsv, to_tsvector(%(language)s::regconfig,
+                    regexp_replace(s.content, '^<!-- osa-memory:scope [^\n]* -->\n', ''))) AS tsv,
+           t.dl
+    FROM scope s LEFT JOIN {schema}.osa_fact_terms t
+        ON t.document_id = s.document_id AND t.language = %(language)s AND t.content_md5 = md5(s.content)
 ),
 lens AS (
     SELECT document_id, tsv,
-           (SELECT coalesce(sum(coalesce(array_length(u.positions, 1), 1)), 0) FROM unnest(tsv) u)::float8 AS dl
+           coalesce(dl, (SELECT coalesce(sum(coalesce(array_length(u.positions, 1), 1)), 0) FROM unnest(tsv) u)
+           )::float8 AS dl
     FROM docs
 ),
 stats AS (SELECT count(*)::float8 AS n, greatest(avg(dl), 1)::float8 AS avgdl FROM lens),
@@ -168,12 +185,14 @@ class FactRepository:
             "schema": sql.Identifier(config.kb_schema),
             "gov": sql.Identifier(config.governing_table),
             "chunk": sql.Identifier(config.chunk_table),
+            "mem": sql.Identifier(config.memory_schema),
         }
         self._upsert_row = UPSERT_GOVERNING_ROW.format(**names)
         self._upsert_chunk = UPSERT_CHUNK.format(**names)
         self._candidates = SCOPED_CANDIDATES.format(**names)
         self._governing_rows = GOVERNING_ROWS.format(**names)
         self._insert_audit = INSERT_AUDIT.format(mem=sql.Identifier(config.memory_schema))
+        self._upsert_terms = UPSERT_TERMS.format(schema=sql.Identifier(config.kb_schema))
 
     def write(
         self,
@@ -217,6 +236,10 @@ class FactRepository:
                         "content": chunk["content"],
                         "meta": json.dumps(chunk["meta"]),
                     },
+                )
+                conn.execute(
+                    self._upsert_terms,
+                    {"id": chunk["id"], "language": self.config.language, "content": chunk["content"]},
                 )
                 written.append(row["id"])
         return written

@@ -62,6 +62,7 @@ RETIRE = sql.SQL(
 DELETE_CHUNKS = sql.SQL("DELETE FROM {schema}.{chunk} WHERE meta->>'document_id' = %s")
 DELETE_VOTES = sql.SQL("DELETE FROM {mem}.feedback WHERE document_id = %s")
 DELETE_READS = sql.SQL("DELETE FROM {mem}.reads WHERE document_id = %s")
+DELETE_TERMS = sql.SQL("DELETE FROM {schema}.osa_fact_terms WHERE document_id = %s")
 LIST_FACTS = sql.SQL(
     """SELECT g.id, g.status, g.title, g.metadata, g.created_at, g.updated_at, c.content
     FROM {schema}.{gov} g LEFT JOIN {schema}.{chunk} c ON c.meta->>'document_id' = g.id
@@ -161,6 +162,7 @@ _STATEMENTS: dict[str, sql.SQL] = {
     "DELETE_CHUNKS": DELETE_CHUNKS,
     "DELETE_VOTES": DELETE_VOTES,
     "DELETE_READS": DELETE_READS,
+    "DELETE_TERMS": DELETE_TERMS,
     "LIST_FACTS": LIST_FACTS,
     "SCOPE_CONTENTS": SCOPE_CONTENTS,
     "REVIEW_LIST": REVIEW_LIST,
@@ -341,6 +343,7 @@ class LifecycleRepository:
             conn.execute(self._q["DELETE_CHUNKS"], (document_id,))
             conn.execute(self._q["DELETE_VOTES"], (document_id,))
             conn.execute(self._q["DELETE_READS"], (document_id,))
+            conn.execute(self._q["DELETE_TERMS"], (document_id,))
             self._audit(
                 conn,
                 actor=actor,

@@ -19,7 +19,7 @@ from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.database import transaction
 from haystack_osa_memory.errors import SchemaError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 CREATE_EXTENSION = sql.SQL("CREATE EXTENSION IF NOT EXISTS vector")
 CREATE_SCHEMA = sql.SQL("CREATE SCHEMA IF NOT EXISTS {schema}")
@@ -112,6 +112,15 @@ CREATE_SWITCHES_TABLE = sql.SQL(
 )
 # Version 3: tokens may grant several assignments.
 ADD_TOKEN_GRANTS = sql.SQL("ALTER TABLE {schema}.tokens ADD COLUMN IF NOT EXISTS assignment_ids TEXT[]")
+# Version 4: lexical statistics of facts precomputed at write time.
+CREATE_TERMS_TABLE = sql.SQL(
+    """CREATE TABLE IF NOT EXISTS {schema}.osa_fact_terms (
+    document_id VARCHAR(128) PRIMARY KEY,
+    language TEXT NOT NULL,
+    content_md5 TEXT NOT NULL,
+    tsv TSVECTOR NOT NULL,
+    dl DOUBLE PRECISION NOT NULL)"""
+)
 READ_VERSION = sql.SQL("SELECT max(version) FROM {schema}.schema_version")
 WRITE_VERSION = sql.SQL("INSERT INTO {schema}.schema_version (version, applied_at) VALUES (%s, now())")
 EMBEDDING_DIMENSION = sql.SQL(
@@ -173,6 +182,7 @@ def ensure_schema(conn_str: str, config: MemoryConfig) -> InitReport:
             f"{config.memory_schema}.reads": (config.memory_schema, "reads"),
             f"{config.memory_schema}.audit": (config.memory_schema, "audit"),
             f"{config.memory_schema}.switches": (config.memory_schema, "switches"),
+            f"{config.kb_schema}.osa_fact_terms": (config.kb_schema, "osa_fact_terms"),
         }
         for label, (schema, table) in names.items():
             (report.existing if _exists(conn, schema, table) else report.created).append(label)
@@ -218,6 +228,7 @@ def ensure_schema(conn_str: str, config: MemoryConfig) -> InitReport:
             ADD_TOKEN_GRANTS,
         ):
             conn.execute(statement.format(schema=mem))
+        conn.execute(CREATE_TERMS_TABLE.format(schema=kb))
         row = conn.execute(READ_VERSION.format(schema=mem)).fetchone()
         report.version_before = row[0] if row else None
         if report.version_before != SCHEMA_VERSION:

@@ -316,3 +316,17 @@ def test_config_connection_string_wins_over_the_environment(
     ]
     monkeypatch.delenv("PG_CONN_STR")
     assert memory.customer_search("config environment", org_id="acme") == []
+
+
+def test_precomputed_terms_rank_exactly_like_recomputed_ones(
+    memory: Memory, alice: Caller, pg_conn_str: str, config: MemoryConfig
+) -> None:
+    texts = [f"Deploy note {i}: the {'queue ' * (i % 3)}worker restarts after {i} minutes" for i in range(12)]
+    for text in texts:
+        memory.store(text, caller=alice)
+    assert row_counts(pg_conn_str, config)["osa_fact_terms"] == 12
+    with_terms = memory.recall("queue worker restarts", limit=10, caller=alice)["facts"]
+    with psycopg.connect(pg_conn_str, autocommit=True) as conn:
+        conn.execute(sql.SQL("DELETE FROM {}.osa_fact_terms").format(sql.Identifier(config.kb_schema)))
+    without = memory.recall("queue worker restarts", limit=10, caller=alice)["facts"]
+    assert [(f["document_id"], f["score"]) for f in with_terms] == [(f["document_id"], f["score"]) for f in without]
