@@ -14,8 +14,8 @@ Protocol (see ``../shared/data/locomo/README.md``; no LLM anywhere)
 --------------------------------------------------------------------
 - Each conversation is one assignment: ``Caller(org_id="locomo", assignment_id=<sample_id sanitised>)``.
 - Every turn is stored as one fact ``"(<session date>) <speaker>: <text>"`` through OUR store
-  pipeline (``build_store_pipeline``: document embedder -> ScopeMarkerWriter -> GovernedFactWriter),
-  run in batches of turns of one conversation.
+  pipeline (``build_store_pipeline``: [PrivacyRedactor ->] document embedder -> ScopeMarkerWriter ->
+  GovernedFactWriter), run on batches of turns of one conversation (``--batch-size``).
 - Every question is recalled through OUR recall pipeline (``build_recall_pipeline``: guarded text
   embedder -> ScopedMemoryRetriever -> GoverningRowAclFilter -> ScopeMarkerStripper) in its own
   assignment, top ``--top-k`` (50) facts.
@@ -66,19 +66,20 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import locomo_proto as proto  # noqa: E402  (a sibling module of this script)
+import locomo_proto as proto  # a sibling module of this script
 
-from haystack_osa_memory import Caller, MemoryConfig  # noqa: E402
-from haystack_osa_memory.database import close_pools  # noqa: E402
-from haystack_osa_memory.markers import IDENTIFIER_PATTERN, MARKER_LOOKALIKE  # noqa: E402
-from haystack_osa_memory.pipelines import build_recall_pipeline, build_store_pipeline  # noqa: E402
-from haystack_osa_memory.store.schema import ensure_schema  # noqa: E402
-from haystack_osa_memory.validation import FACT_MAX  # noqa: E402
+from haystack_osa_memory import Caller, MemoryConfig
+from haystack_osa_memory.database import close_pools
+from haystack_osa_memory.markers import IDENTIFIER_PATTERN, MARKER_LOOKALIKE
+from haystack_osa_memory.pipelines import build_recall_pipeline, build_store_pipeline
+from haystack_osa_memory.store.schema import ensure_schema
+from haystack_osa_memory.validation import FACT_MAX
 
 ORG = "locomo"
 KS = (1, 5, 10, 20, 50)
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
-console = Console(stderr=False)
+# Wide enough for the per-category table when the output is a file or a pipe.
+console = Console(width=None if sys.stdout.isatty() else 132)
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -177,7 +178,9 @@ def load_locomo(path: Path, limit_conversations: int | None = None) -> list[Conv
     for index, sample in enumerate(raw[:limit_conversations] if limit_conversations else raw):
         conv = sample["conversation"]
         sessions = sorted(
-            (n, value) for key, value in conv.items() if (n := _session_number(key)) is not None and isinstance(value, list)
+            (n, value)
+            for key, value in conv.items()
+            if (n := _session_number(key)) is not None and isinstance(value, list)
         )
         turns: list[Turn] = []
         skipped = 0
@@ -251,11 +254,13 @@ def aggregate(rows: Sequence[tuple[int, dict[str, float]]]) -> dict[str, dict[st
             groups["no-cat-5"].append(metrics)
         groups[f"cat-{category}"].append(metrics)
     out: dict[str, dict[str, float]] = {}
-    for name in ["all", "no-cat-5"] + sorted(g for g in groups if g.startswith("cat-")):
+    for name in ["all", "no-cat-5", *sorted(g for g in groups if g.startswith("cat-"))]:
         if name not in groups:
             continue
         items = groups[name]
-        out[name] = {"n": float(len(items))} | {m: round(statistics.fmean(x[m] for x in items), 4) for m in METRIC_NAMES}
+        out[name] = {"n": float(len(items))} | {
+            m: round(statistics.fmean(x[m] for x in items), 4) for m in METRIC_NAMES
+        }
     return out
 
 
@@ -299,6 +304,56 @@ VARIANTS: dict[str, Variant] = {
     for v in [
         Variant("default", "product default: hybrid BM25-in-SQL + MiniLM, RRF k=60 (1:1)"),
         Variant("lexical", "lexical only: BM25 in SQL (k1=1.2, b=0.75), no embedder", embedder="none"),
+        # Existing retriever parameters (no package change).
+        Variant(
+            "lexical-bm25", "lexical, BM25 k1=0.9 b=0.3", embedder="none", retriever={"bm25_k1": 0.9, "bm25_b": 0.3}
+        ),
+        Variant(
+            "lexical-simple",
+            "lexical, text search config 'simple' (no stemming, stop words kept)",
+            embedder="none",
+            retriever={"language": "simple"},
+        ),
+        Variant(
+            "hybrid-rrf-k1-lex2",
+            "hybrid, RRF k=1, lexical weight 2 : vector 1",
+            retriever={"rrf_k": 1, "lexical_weight": 2.0},
+        ),
+        # Prototypes (package changes, see locomo_proto.py).
+        Variant(
+            "proto-convex",
+            "hybrid, convex fusion 0.5 lex/max + 0.5 cos/max (no context)",
+            proto=proto.ProtoOptions(fusion="convex"),
+        ),
+        Variant(
+            "proto-context-lexical",
+            "lexical, context window +-2 (neighbour terms x0.4)",
+            embedder="none",
+            proto=proto.ProtoOptions(fusion="convex", window=2, lexical_context_weight=0.4),
+        ),
+        Variant(
+            "proto-context-rrf",
+            "hybrid, context window +-2 (terms x0.4, cosines x0.2), product RRF k=60",
+            proto=proto.ProtoOptions(fusion="rrf", window=2, lexical_context_weight=0.4, vector_context_weight=0.2),
+        ),
+        Variant(
+            "proto-context",
+            "hybrid, context window +-2 (terms x0.4, cosines x0.2), convex fusion 0.5",
+            proto=proto.ProtoOptions(fusion="convex", window=2, lexical_context_weight=0.4, vector_context_weight=0.2),
+        ),
+        Variant(
+            "proto-context-bm25",
+            "proto-context with BM25 k1=0.9 b=0.3",
+            retriever={"bm25_k1": 0.9, "bm25_b": 0.3},
+            proto=proto.ProtoOptions(fusion="convex", window=2, lexical_context_weight=0.4, vector_context_weight=0.2),
+        ),
+        Variant(
+            "proto-context-embed",
+            "proto-context + 2 previous turns embedded with each turn (store side)",
+            proto=proto.ProtoOptions(
+                fusion="convex", window=2, lexical_context_weight=0.4, vector_context_weight=0.2, embed_context=2
+            ),
+        ),
     ]
 }
 
@@ -374,6 +429,15 @@ def progress_bar(enabled: bool) -> Progress:
     )
 
 
+def store_entry(pipe: Pipeline) -> str:
+    """The store pipeline's component that takes the plain facts (``redact``, ``embed`` or ``mark``)."""
+    open_inputs = pipe.inputs()
+    for name in ("redact", "embed", "mark"):
+        if "documents" in open_inputs.get(name, {}):
+            return name
+    return next(name for name, sockets in open_inputs.items() if "documents" in sockets)
+
+
 def store_all(
     conversations: Sequence[Conversation], variant: Variant, conn_str: str, batch_size: int, show: bool
 ) -> StoredBase:
@@ -386,9 +450,11 @@ def store_all(
         embedder="minilm" if variant.embedder == "minilm" else "none",
     )
     ensure_schema(conn_str, config)
+    proto.add_fact_order(conn_str, config)  # prototype schema change; the product SQL ignores it
     doc_embedder, text_embedder = proto.build_embedders(config, variant.proto)
     pipe: Pipeline = build_store_pipeline(config, doc_embedder)
     pipe.warm_up()
+    entry = store_entry(pipe)
     dia_ids: dict[str, dict[str, frozenset[str]]] = {}
     by_content: dict[str, dict[str, frozenset[str]]] = {}
     total = sum(len(c.turns) for c in conversations)
@@ -398,28 +464,30 @@ def store_all(
         for conv in conversations:
             caller = conv.caller
             scope = {"org_id": caller.org_id, "assignment_id": caller.assignment_id}
+            ids: dict[str, set[str]] = defaultdict(set)
             content: dict[str, set[str]] = defaultdict(set)
-            for turn in conv.turns:
-                content[turn.fact].add(turn.dia_id)
-            by_content[caller.assignment_id] = {k: frozenset(v) for k, v in content.items()}
-            ids: dict[str, frozenset[str]] = {}
             for start in range(0, len(conv.turns), batch_size):
                 batch = conv.turns[start : start + batch_size]
                 docs = [proto.turn_document(conv.turns, t, variant.proto) for t in batch]
                 data: dict[str, Any] = {"mark": dict(scope)}
-                if doc_embedder is not None:
-                    data["embed"] = {"documents": docs}
-                else:
-                    data["mark"]["documents"] = docs
-                written = pipe.run(data)["write"]["document_ids"]
-                # ScopeMarkerWriter collapses identical facts of a batch: map ids through the content.
-                facts_in_order = list(dict.fromkeys(t.fact for t in batch))
-                for doc_id, fact in zip(written, facts_in_order, strict=True):
-                    ids[doc_id] = by_content[caller.assignment_id][fact]
+                data.setdefault(entry, {})["documents"] = docs
+                result = pipe.run(data, include_outputs_from={entry} if entry != "mark" else None)
+                # The stored text is what the pipeline's first component handed on (e.g. redacted).
+                entered = result.get(entry, {}).get("documents") if entry != "mark" else None
+                texts = [d.content or "" for d in entered] if entered else [t.fact for t in batch]
+                if len(texts) != len(batch):
+                    texts = [t.fact for t in batch]
+                for text, turn in zip(texts, batch, strict=True):
+                    content[text].add(turn.dia_id)
+                # ScopeMarkerWriter collapses identical facts of a batch: ids come in first-seen order.
+                unique = list(dict.fromkeys(texts))
+                written = result["write"]["document_ids"]
+                for doc_id, text in zip(written, unique, strict=False):
+                    ids[doc_id] |= {t.dia_id for t, x in zip(batch, texts, strict=True) if x == text}
                 bar.advance(task, len(batch))
-            dia_ids[caller.assignment_id] = ids
+            dia_ids[caller.assignment_id] = {k: frozenset(v) for k, v in ids.items()}
+            by_content[caller.assignment_id] = {k: frozenset(v) for k, v in content.items()}
     seconds = time.perf_counter() - started
-    proto.after_store(conn_str, config, conversations, dia_ids, variant.proto)
     return StoredBase(
         config=config,
         dia_ids=dia_ids,
@@ -440,8 +508,12 @@ def recall_all(
 ) -> VariantResult:
     """Recall every question through our recall pipeline (prototypes swap in one component)."""
     text_embedder = base.embedders[1]
-    pipe = build_recall_pipeline(base.config, text_embedder, top_k=top_k, retriever_params=variant.retriever)
-    pipe = proto.customise_recall_pipeline(pipe, base.config, variant.proto, variant.retriever, top_k)
+    params = dict(variant.retriever)
+    config = base.config
+    if "language" in params:  # a MemoryConfig setting, passed to every knowledge-base component
+        config = config.model_copy(update={"language": params.pop("language")})
+    pipe = build_recall_pipeline(config, text_embedder, top_k=top_k, retriever_params=params)
+    pipe = proto.customise_recall_pipeline(pipe, variant.proto)
     pipe.warm_up()
     rows: list[tuple[int, dict[str, float]]] = []
     per_question: list[dict[str, Any]] = []
@@ -463,7 +535,6 @@ def recall_all(
                 data: dict[str, Any] = {"retrieve": {**scope, "query": q.question, "top_k": top_k}, "acl": scope}
                 if text_embedder is not None:
                     data["embed"] = {"text": q.question}
-                data = proto.recall_inputs(data, q.question, variant.proto)
                 t0 = time.perf_counter()
                 result = pipe.run(data, include_outputs_from={"embed"} if text_embedder is not None else None)
                 latencies.append(time.perf_counter() - t0)
@@ -555,13 +626,15 @@ def print_summary(results: Sequence[VariantResult]) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--data", type=Path, help="LoCoMo-format JSON file (list of samples)")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     parser.add_argument("--limit-conversations", type=int, default=None, metavar="N")
     parser.add_argument("--embedder", choices=["minilm", "none"], default="minilm")
     parser.add_argument(
-        "--variant", action="append", default=[], metavar="NAME", help="named configuration (repeatable)"
+        "--variant", action="append", default=[], metavar="NAME", help="named configuration (repeatable; 'all')"
     )
     parser.add_argument("--list-variants", action="store_true", help="print the named configurations and exit")
     parser.add_argument("--top-k", type=int, default=50, help="facts recalled per question (1..100)")
@@ -582,7 +655,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--data is required")
     if not 1 <= args.top_k <= 100:
         parser.error("--top-k must be from 1 to 100")
-    unknown = [v for v in args.variant if v not in VARIANTS]
+    unknown = [v for v in args.variant if v not in VARIANTS and v != "all"]
     if unknown:
         parser.error(f"unknown variant(s) {unknown}; choose from {sorted(VARIANTS)}")
     return args
@@ -619,7 +692,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    variants = [VARIANTS[name] for name in args.variant] or [custom_variant(args)]
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    names = list(VARIANTS) if "all" in args.variant else list(dict.fromkeys(args.variant))
+    variants = [VARIANTS[name] for name in names] or [custom_variant(args)]
     conversations = load_locomo(args.data, args.limit_conversations)
     n_turns = sum(len(c.turns) for c in conversations)
     scored = sum(1 for c in conversations for q in c.questions if q.evidence and q.question)
