@@ -10,7 +10,7 @@ from haystack_osa_memory.components._kb import KnowledgeBaseSettings
 from haystack_osa_memory.markers import check_identifier
 from haystack_osa_memory.store.facts import FACT_AUDIENCE, Candidate, FactRepository
 
-Fusion = Literal["rrf", "lexical_first"]
+Fusion = Literal["convex", "rrf", "lexical_first"]
 
 
 def _is_stale(metadata: dict[str, Any], now_iso: str) -> bool:
@@ -18,7 +18,7 @@ def _is_stale(metadata: dict[str, Any], now_iso: str) -> bool:
     return isinstance(expires, str) and expires <= now_iso
 
 
-_FUSIONS = ("rrf", "lexical_first")
+_FUSIONS = ("convex", "rrf", "lexical_first")
 
 
 @component
@@ -27,9 +27,11 @@ class ScopedMemoryRetriever(KnowledgeBaseSettings):
 
     The candidate set is the caller's governing rows (org, audience `ai_internal`, admitted status,
     `metadata.assignment_id`) joined with their chunks; lexical BM25 and, when a query embedding is
-    given, exact vector similarity both rank that set only, and the two rankings are fused
-    (reciprocal rank fusion). No post-filter after top k: nothing outside the scope can crowd the
-    assignment's facts out.
+    given, exact vector similarity both rank that set only. Each fact is scored together with its
+    neighbours in storing order (a context window: facts stored together tend to belong together),
+    and the two sides are fused by a convex combination of their max-normalised scores. No
+    post-filter after top k: nothing outside the scope can crowd the assignment's facts out.
+    The defaults are the configuration that won on the LoCoMo development split (benchmarks/README.md).
 
     Usage example:
     ```python
@@ -44,12 +46,15 @@ class ScopedMemoryRetriever(KnowledgeBaseSettings):
         self,
         top_k: int = 8,
         candidate_k: int = 50,
-        fusion: Fusion = "rrf",
+        fusion: Fusion = "convex",
         rrf_k: int = 60,
         lexical_weight: float = 1.0,
         vector_weight: float = 1.0,
-        bm25_k1: float = 1.2,
-        bm25_b: float = 0.75,
+        bm25_k1: float = 0.9,
+        bm25_b: float = 0.3,
+        context_window: int = 2,
+        lexical_context_weight: float = 0.4,
+        vector_context_weight: float = 0.2,
         admitted_statuses: list[str] | None = None,
         connection_string: Secret = Secret.from_env_var("PG_CONN_STR"),
         kb_schema: str = "public",
@@ -61,12 +66,17 @@ class ScopedMemoryRetriever(KnowledgeBaseSettings):
         """
         :param top_k: Documents returned by default (1..100).
         :param candidate_k: Candidates taken from each ranking before fusion (>= top_k).
-        :param fusion: `rrf` (reciprocal rank fusion) or `lexical_first` (lexical order, vector hits appended).
+        :param fusion: `convex` (weighted sum of max-normalised scores), `rrf` (reciprocal rank fusion) or
+            `lexical_first` (lexical order, vector hits appended).
         :param rrf_k: The k constant of reciprocal rank fusion.
         :param lexical_weight: Weight of the lexical ranking in the fusion.
         :param vector_weight: Weight of the vector ranking in the fusion.
         :param bm25_k1: BM25 term-frequency saturation.
         :param bm25_b: BM25 length normalisation.
+        :param context_window: Facts before and after a fact (in storing order) that count towards its score;
+            0 scores every fact alone.
+        :param lexical_context_weight: Weight of the neighbours' term frequencies in a fact's BM25.
+        :param vector_context_weight: Weight of the neighbours' cosine similarities in a fact's vector score.
         :param admitted_statuses: Statuses admitted (default `["approved"]`).
         :param connection_string: PostgreSQL connection string (secret; env var `PG_CONN_STR` by default).
         :param kb_schema: Schema of the knowledge-base tables.
@@ -90,8 +100,17 @@ class ScopedMemoryRetriever(KnowledgeBaseSettings):
         self.rrf_k = rrf_k
         self.lexical_weight = lexical_weight
         self.vector_weight = vector_weight
+        if context_window < 0 or context_window > 20:
+            msg = f"context_window must be from 0 to 20, got {context_window}"
+            raise ValueError(msg)
+        if lexical_weight < 0 or vector_weight < 0 or lexical_weight + vector_weight == 0:
+            msg = "lexical_weight and vector_weight must be non-negative and not both 0"
+            raise ValueError(msg)
         self.bm25_k1 = bm25_k1
         self.bm25_b = bm25_b
+        self.context_window = context_window
+        self.lexical_context_weight = lexical_context_weight
+        self.vector_context_weight = vector_context_weight
         self.admitted_statuses = list(admitted_statuses) if admitted_statuses is not None else ["approved"]
         self._init_kb(connection_string, kb_schema, governing_table, chunk_table, embedding_dimension, language)
         self._repo: FactRepository | None = None
@@ -112,6 +131,9 @@ class ScopedMemoryRetriever(KnowledgeBaseSettings):
             vector_weight=self.vector_weight,
             bm25_k1=self.bm25_k1,
             bm25_b=self.bm25_b,
+            context_window=self.context_window,
+            lexical_context_weight=self.lexical_context_weight,
+            vector_context_weight=self.vector_context_weight,
             admitted_statuses=self.admitted_statuses,
             **self._kb_dict(),
         )
@@ -175,6 +197,10 @@ class ScopedMemoryRetriever(KnowledgeBaseSettings):
             statuses=self.admitted_statuses,
             k1=self.bm25_k1,
             b=self.bm25_b,
+            window=self.context_window,
+            lex_ctx=self.lexical_context_weight,
+            vec_ctx=self.vector_context_weight,
+            lex_share=self.lexical_weight / (self.lexical_weight + self.vector_weight),
         )
         now = datetime.now(UTC).isoformat()
         fused = self._fuse(candidates, hybrid)

@@ -68,64 +68,100 @@ UPSERT_CHUNK = sql.SQL(
     ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding, content = EXCLUDED.content, meta = EXCLUDED.meta"""
 )
 
-# Candidates of one scope, both rankings over the scope's rows only. BM25 (k1, b) over the
-# scope's documents, with the marker line removed before tokenising.
+# Candidates of one scope. The scope (governing rows joined with their chunks) is materialised first;
+# everything after ranks that set only. Facts are placed in storing order (`seq`) and each fact is
+# scored with a context window: its BM25 also counts `lex_ctx` x the term frequencies and lengths of
+# the `window` facts stored before and after it, its cosine `vec_ctx` x theirs. The two sides are
+# fused by a convex combination of max-normalised scores (`lex_share`). Lexical statistics come from
+# osa_fact_terms (computed at write time) while the chunk is unchanged, else are recomputed.
 SCOPED_CANDIDATES = sql.SQL(
     """WITH scope AS MATERIALIZED (
-    SELECT g.id AS document_id, c.content, c.embedding, g.metadata, g.created_at, g.updated_at
+    SELECT g.id AS document_id, g.seq, c.content, c.embedding, g.metadata, g.created_at, g.updated_at
     FROM {schema}.{gov} g JOIN {schema}.{chunk} c ON c.meta->>'document_id' = g.id
     WHERE g.org_id = %(org_id)s
       AND g.audience = ANY(%(audiences)s)
       AND g.status = ANY(%(statuses)s)
       AND g.metadata->>'assignment_id' = %(assignment_id)s
 ),
-docs AS (
-    -- precomputed at write time (fact_terms), recomputed for rows written before it existed
-    SELECT s.document_id,
-           coalesce(t.tsv, to_tsvector(%(language)s::regconfig,
-                    regexp_replace(s.content, '^<!-- osa-memory:scope [^\n]* -->\n', ''))) AS tsv,
-           t.dl
-    FROM scope s LEFT JOIN {schema}.osa_fact_terms t
-        ON t.document_id = s.document_id AND t.language = %(language)s AND t.content_md5 = md5(s.content)
+docs AS MATERIALIZED (
+    SELECT x.document_id, x.content, x.embedding, x.metadata, x.created_at, x.updated_at, x.pos, x.tsv,
+           coalesce(x.dl, (SELECT coalesce(sum(coalesce(array_length(u.positions, 1), 1)), 0)
+                           FROM unnest(x.tsv) u))::float8 AS dl
+    FROM (
+        SELECT s.*, row_number() OVER (ORDER BY s.seq, s.created_at, s.document_id)::int AS pos,
+               coalesce(t.tsv, to_tsvector(%(language)s::regconfig,
+                        regexp_replace(s.content, '^<!-- osa-memory:scope [^\n]* -->\n', ''))) AS tsv,
+               t.dl
+        FROM scope s LEFT JOIN {schema}.osa_fact_terms t
+            ON t.document_id = s.document_id AND t.language = %(language)s AND t.content_md5 = md5(s.content)
+    ) x
 ),
-lens AS (
-    SELECT document_id, tsv,
-           coalesce(dl, (SELECT coalesce(sum(coalesce(array_length(u.positions, 1), 1)), 0) FROM unnest(tsv) u)
-           )::float8 AS dl
-    FROM docs
+lens AS MATERIALIZED (
+    SELECT array_agg(cdl ORDER BY pos) AS dl, count(*)::float8 AS n, greatest(avg(cdl), 1)::float8 AS avgdl
+    FROM (
+        SELECT pos, dl + %(lex_ctx)s * (sum(dl) OVER fr - dl) AS cdl
+        FROM docs
+        WINDOW fr AS (ORDER BY pos RANGE BETWEEN %(window)s::int PRECEDING AND %(window)s::int FOLLOWING)
+    ) x
 ),
-stats AS (SELECT count(*)::float8 AS n, greatest(avg(dl), 1)::float8 AS avgdl FROM lens),
-q AS (SELECT DISTINCT lexeme FROM unnest(to_tsvector(%(language)s::regconfig, %(query)s))),
-tf AS (
-    SELECT l.document_id, u.lexeme, coalesce(array_length(u.positions, 1), 1)::float8 AS tf, l.dl
-    FROM lens l, unnest(l.tsv) u
+q AS MATERIALIZED (SELECT DISTINCT lexeme FROM unnest(to_tsvector(%(language)s::regconfig, %(query)s))),
+matched AS MATERIALIZED (
+    SELECT d.pos, u.lexeme, coalesce(array_length(u.positions, 1), 1)::float8 AS tf
+    FROM docs d, unnest(d.tsv) u
     WHERE u.lexeme IN (SELECT lexeme FROM q)
 ),
-df AS (SELECT lexeme, count(*)::float8 AS df FROM tf GROUP BY lexeme),
-lex AS (
-    SELECT tf.document_id,
-           sum(ln(1 + (s.n - df.df + 0.5) / (df.df + 0.5))
-               * tf.tf * (%(k1)s + 1) / (tf.tf + %(k1)s * (1 - %(b)s + %(b)s * tf.dl / s.avgdl))) AS score
-    FROM tf JOIN df USING (lexeme) CROSS JOIN stats s
-    GROUP BY tf.document_id
+tf AS MATERIALIZED (
+    SELECT m.pos + o.off AS pos, m.lexeme,
+           sum(CASE WHEN o.off = 0 THEN 1.0 ELSE %(lex_ctx)s END * m.tf)::float8 AS tf
+    FROM matched m CROSS JOIN generate_series(-%(window)s::int, %(window)s::int) AS o(off)
+    WHERE m.pos + o.off BETWEEN 1 AND (SELECT n FROM lens) AND (o.off = 0 OR %(lex_ctx)s > 0)
+    GROUP BY 1, 2
 ),
-lex_top AS (
-    SELECT document_id, score, row_number() OVER (ORDER BY score DESC, document_id) AS rk
-    FROM lex ORDER BY score DESC, document_id LIMIT %(k)s
+df AS MATERIALIZED (SELECT lexeme, count(*)::float8 AS df FROM tf GROUP BY lexeme),
+lex AS MATERIALIZED (
+    SELECT tf.pos,
+           sum(ln(1 + (l.n - df.df + 0.5) / (df.df + 0.5))
+               * tf.tf * (%(k1)s + 1) / (tf.tf + %(k1)s * (1 - %(b)s + %(b)s * l.dl[tf.pos] / l.avgdl))) AS score
+    FROM tf JOIN df USING (lexeme) CROSS JOIN lens l
+    GROUP BY tf.pos
 ),
-vec_top AS (
-    SELECT document_id, 1 - (embedding <=> p.qv) AS score,
-           row_number() OVER (ORDER BY embedding <=> p.qv, document_id) AS rk
-    FROM scope, (SELECT %(embedding)s::vector AS qv) p
-    WHERE p.qv IS NOT NULL AND embedding IS NOT NULL
-    ORDER BY embedding <=> p.qv, document_id LIMIT %(k)s
+vec AS MATERIALIZED (
+    SELECT pos, cos + %(vec_ctx)s * (sum(cos) OVER fr - cos) AS score
+    FROM (
+        SELECT pos, 1 - (embedding <=> p.qv) AS cos
+        FROM docs, (SELECT %(embedding)s::vector AS qv) p
+        WHERE p.qv IS NOT NULL AND embedding IS NOT NULL
+    ) x
+    WINDOW fr AS (ORDER BY pos RANGE BETWEEN %(window)s::int PRECEDING AND %(window)s::int FOLLOWING)
+),
+scored AS (
+    SELECT pos, max(lex) AS lex_score, max(vec) AS vec_score
+    FROM (SELECT pos, score AS lex, NULL::float8 AS vec FROM lex
+          UNION ALL SELECT pos, NULL::float8, score FROM vec) u
+    GROUP BY pos
+),
+fused AS (
+    SELECT pos, lex_score, vec_score,
+           %(lex_share)s * coalesce(lex_score / nullif(max(lex_score) OVER (), 0), 0)
+           + (1 - %(lex_share)s) * coalesce(vec_score / nullif(greatest(max(vec_score) OVER (), 0), 0), 0) AS fused
+    FROM scored
+),
+ranked AS MATERIALIZED (
+    SELECT *
+    FROM (
+        SELECT *,
+               CASE WHEN lex_score IS NOT NULL
+                    THEN row_number() OVER (ORDER BY lex_score DESC NULLS LAST, pos) END AS lex_rank,
+               CASE WHEN vec_score IS NOT NULL
+                    THEN row_number() OVER (ORDER BY vec_score DESC NULLS LAST, pos) END AS vec_rank,
+               row_number() OVER (ORDER BY fused DESC, pos) AS fused_rank
+        FROM fused
+    ) x
+    WHERE lex_rank <= %(k)s OR vec_rank <= %(k)s OR fused_rank <= %(k)s
 )
-SELECT s.document_id, s.content, s.metadata, s.created_at, s.updated_at,
-       l.rk AS lex_rank, l.score AS lex_score, v.rk AS vec_rank, v.score AS vec_score
-FROM scope s
-LEFT JOIN lex_top l USING (document_id)
-LEFT JOIN vec_top v USING (document_id)
-WHERE l.rk IS NOT NULL OR v.rk IS NOT NULL"""
+SELECT d.document_id, d.content, d.metadata, d.created_at, d.updated_at,
+       r.lex_rank, r.lex_score, r.vec_rank, r.vec_score, r.fused, d.pos
+FROM ranked r JOIN docs d USING (pos)"""
 )
 
 GOVERNING_ROWS = sql.SQL(
@@ -158,6 +194,8 @@ class Candidate:
     lex_score: float | None
     vec_rank: int | None
     vec_score: float | None
+    fused: float = 0.0
+    position: int = 0
 
 
 def vector_literal(embedding: Sequence[float] | None) -> str | None:
@@ -254,10 +292,14 @@ class FactRepository:
         k: int,
         audiences: Sequence[str] = (FACT_AUDIENCE,),
         statuses: Sequence[str] | None = None,
-        k1: float = 1.2,
-        b: float = 0.75,
+        k1: float = 0.9,
+        b: float = 0.3,
+        window: int = 2,
+        lex_ctx: float = 0.4,
+        vec_ctx: float = 0.2,
+        lex_share: float = 0.5,
     ) -> list[Candidate]:
-        """The top ``k`` of each ranking over the scope's own rows (never a post-filter)."""
+        """The top ``k`` of each ranking (lexical, vector, fused) over the scope's own rows (never a post-filter)."""
         if embedding is not None and len(embedding) != self.config.embedding_dimension:
             msg = (
                 f"query embedding has {len(embedding)} dimensions but the chunk table stores "
@@ -275,6 +317,10 @@ class FactRepository:
             "k": k,
             "k1": k1,
             "b": b,
+            "window": window,
+            "lex_ctx": lex_ctx if window > 0 else 0.0,
+            "vec_ctx": vec_ctx if window > 0 else 0.0,
+            "lex_share": lex_share,
         }
         with transaction(self.conn_str, self.config) as conn:
             rows = conn.execute(self._candidates, params).fetchall()

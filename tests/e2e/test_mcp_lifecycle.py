@@ -177,7 +177,7 @@ def test_cli_import_export_store_recall_status(server: Server, tmp_path: Path) -
     stored = server.cli("store", "A fact from the CLI", "--org", "acme", "--assignment", "asg-import", "--json")
     assert json.loads(stored.stdout)["stored"] is True
     recalled = server.cli("recall", "ferries", "--org", "acme", "--assignment", "asg-import", "--json")
-    assert [f["content"] for f in json.loads(recalled.stdout)["facts"]] == ["Imported fact about ferries"]
+    assert json.loads(recalled.stdout)["facts"][0]["content"] == "Imported fact about ferries"
     status = server.cli("status", "--json")
     assert json.loads(status.stdout)["facts"] >= 3
     bad = server.cli("import", str(tmp_path / "missing.jsonl"), "--org", "acme", "--assignment", "a")

@@ -102,4 +102,6 @@ def test_recall_degrades_to_lexical(hybrid_config: MemoryConfig, minilm: tuple[A
     assert time.perf_counter() - start < 1.5
     assert result["degraded"]
     assert ("unreachable" in result["degraded"]) if kind == "broken" else ("budget" in result["degraded"])
-    assert [f["content"] for f in result["facts"]] == [FACTS[2]]
+    # the matching fact first; its neighbours (context window) may follow, below it
+    assert result["facts"][0]["content"] == FACTS[2]
+    assert all(f["score"] < result["facts"][0]["score"] for f in result["facts"][1:])
