@@ -353,6 +353,8 @@ def customise_recall_pipeline(pipe: Pipeline, options: ProtoOptions) -> Pipeline
     assert isinstance(product, ScopedMemoryRetriever)
     params = product.to_dict()["init_parameters"]
     deserialize_secrets_inplace(params, keys=["connection_string"])
+    for key in ("fusion", "context_window", "lexical_context_weight", "vector_context_weight"):
+        params.pop(key, None)  # the product has these now; the prototype sets its own
     prototype = ContextScopedRetriever(
         proto_fusion=options.fusion,
         window=options.window,

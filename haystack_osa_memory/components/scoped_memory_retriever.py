@@ -148,6 +148,10 @@ class ScopedMemoryRetriever(KnowledgeBaseSettings):
             ranked = [c for c in candidates if c.lex_rank is not None]
             ranked.sort(key=lambda c: c.lex_rank or 0)
             return [(c, float(c.lex_score or 0.0)) for c in ranked]
+        if self.fusion == "convex":
+            fused = [(c, float(c.fused)) for c in candidates if c.lex_rank is not None or c.vec_rank is not None]
+            fused.sort(key=lambda pair: (-pair[1], pair[0].position))
+            return fused
         if self.fusion == "lexical_first":
             lex = sorted((c for c in candidates if c.lex_rank is not None), key=lambda c: c.lex_rank or 0)
             vec = sorted((c for c in candidates if c.lex_rank is None), key=lambda c: c.vec_rank or 0)
