@@ -302,8 +302,8 @@ class Variant:
 VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in [
-        Variant("default", "product default: hybrid BM25-in-SQL + MiniLM, RRF k=60 (1:1)"),
-        Variant("lexical", "lexical only: BM25 in SQL (k1=1.2, b=0.75), no embedder", embedder="none"),
+        Variant("default", "product default: hybrid, context window +-2, convex fusion, BM25 k1=0.9 b=0.3, MiniLM"),
+        Variant("lexical", "product lexical only (no embedder): BM25 in SQL with the context window", embedder="none"),
         # Existing retriever parameters (no package change).
         Variant(
             "lexical-bm25", "lexical, BM25 k1=0.9 b=0.3", embedder="none", retriever={"bm25_k1": 0.9, "bm25_b": 0.3}
