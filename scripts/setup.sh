@@ -10,5 +10,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 pipq() { .venv/bin/python -m pip install -q --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 pipq "torch==2.13.0"
-pipq -e ".[embeddings,dev]"
+pipq -e ".[embeddings,dev,bench]"
 echo "osa-memory installed in .venv ($(.venv/bin/python -c 'import haystack_osa_memory as m; print(m.__version__)'))"

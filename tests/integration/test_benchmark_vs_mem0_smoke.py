@@ -129,6 +129,7 @@ def check_side(side: dict[str, Any], *, ours: bool) -> None:
     assert side["recall"]["queries"] == 5  # the question without evidence is not asked
     assert side["recall"]["p50_ms"] > 0
     assert side["recall"]["p95_ms"] >= side["recall"]["p50_ms"]
+    assert 0 < side["recall_without_query_embedding"]["p50_ms"] < side["recall"]["p50_ms"]
     quality = side["quality"]
     assert quality["scored_questions"] == 5
     for name in ("R@5", "R@10"):
@@ -194,7 +195,8 @@ def test_ours_against_mem0(pg_conn_str: str, tmp_path: Path, capsys: pytest.Capt
     check_side(report["results"]["ours"], ours=True)
     check_side(report["results"]["mem0"], ours=False)
     ratios = report["comparison"]["ratios_ours_over_mem0"]
-    for name in ("store_single_throughput", "store_batch_throughput", "recall_p50", "R@5", "R@10"):
+    names = ("store_single_throughput", "store_batch_throughput", "recall_p50", "recall_p50_without_embedding", "R@10")
+    for name in names:
         assert ratios[name] is not None
         assert ratios[name] > 0
     targets = report["comparison"]["targets"]
