@@ -1,0 +1,62 @@
+"""The README's first command (`bash scripts/serve.sh`) gives a working MCP memory server on the
+embedded default; the CLI commands the docs show answer as documented."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO
+from tests.e2e.conftest import call, free_port
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
+
+
+def test_serve_script_runs_a_working_server_on_the_embedded_default(tmp_path: Path) -> None:
+    port = free_port()
+    short = Path(f"/tmp/osa-serve-{os.getpid()}")  # the embedded server's socket path must stay short
+    env = {k: v for k, v in os.environ.items() if k != "PG_CONN_STR" and not k.startswith("OSA_MEMORY_")}
+    env.update({"PORT": str(port), "OSA_MEMORY_DATA_DIR": str(short), "OSA_MEMORY_EMBEDDER": "none"})
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            ["bash", "scripts/serve.sh"],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/status", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        else:
+            raise AssertionError(f"scripts/serve.sh did not serve within 10 minutes:\n{log.read_text()}")
+        printed = log.read_text()
+        token = re.search(r"osam_[0-9a-f]{16}_[A-Za-z0-9_-]{43}", printed)
+        assert token, printed
+        config = json.loads(printed[printed.index('{"mcpServers"') : printed.index("}}}}") + 4].replace("\n", ""))
+        assert config["mcpServers"]["osa-memory"]["url"] == f"http://127.0.0.1:{port}/mcp"
+        url = f"http://127.0.0.1:{port}/mcp"
+        assert not call(url, token.group(0), "kb_memory_store", {"fact": "The README's first command works"})[0]
+        _, recalled = call(url, token.group(0), "kb_memory_recall", {"query": "README first command"})
+        assert recalled["facts"][0]["content"] == "The README's first command works"
+        assert (short / "pgdata" / "PG_VERSION").exists()  # data lives in the embedded default
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+        subprocess.run(["rm", "-rf", str(short)], check=False)
