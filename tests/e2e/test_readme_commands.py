@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.e2e.conftest import call, free_port
+from tests.e2e.test_offline_buffer import stop_pg
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
@@ -59,4 +60,6 @@ def test_serve_script_runs_a_working_server_on_the_embedded_default(tmp_path: Pa
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
+        if (short / "pgdata" / "postmaster.pid").exists():
+            stop_pg(short / "pgdata", check=False)
         subprocess.run(["rm", "-rf", str(short)], check=False)
