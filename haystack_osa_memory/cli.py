@@ -37,8 +37,8 @@ app.add_typer(assignment_app, name="assignment")
 org_app = typer.Typer(help="Kill switch for a whole org.", no_args_is_help=True)
 app.add_typer(org_app, name="org")
 
-out = Console()
-err = Console(stderr=True)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 DataDir = Annotated[
     Path | None,

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import row_counts
-from tests.e2e.conftest import Server, call
+from tests.e2e.conftest import OSA_MEMORY, Server, call
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -183,3 +184,36 @@ def test_cli_import_export_store_recall_status(server: Server, tmp_path: Path) -
     bad = server.cli("import", str(tmp_path / "missing.jsonl"), "--org", "acme", "--assignment", "a")
     assert bad.returncode == 1
     assert "does not exist" in bad.stderr
+
+
+def test_remaining_cli_commands(server: Server) -> None:
+    """Every CLI command the docs show is exercised somewhere; these are the ones not covered above."""
+    token = server.token("asg-cli")["token"]
+    listed = server.cli("token", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert any(t["assignments"] == ["asg-cli"] for t in json.loads(listed.stdout))
+    init = server.cli("init", "--json")
+    assert init.returncode == 0, init.stderr
+    assert json.loads(init.stdout)["version_after"] >= 5
+    _, proposed = call(server.url, token, "kb_memory_propose", {"kind": "pitfall", "title": "t", "body": "Do not X"})
+    rejected = server.cli("review", "reject", proposed["document_id"], "--note", "wrong")
+    assert rejected.returncode == 0, rejected.stderr
+    assert "proposed -> rejected" in rejected.stdout
+    off = server.cli("org", "disable", "acme-other", "--reason", "test")
+    assert off.returncode == 0, off.stderr
+    assert "memory off for org acme-other" in off.stdout
+    assert server.cli("org", "enable", "acme-other").returncode == 0
+    config = server.cli("mcp-config", "--client", "cursor", "--url", server.url)
+    assert config.returncode == 0, config.stderr
+    assert json.loads(config.stdout)["mcpServers"]["osa-memory"]["url"] == server.url
+    env = {k: v for k, v in server.env().items() if k != "OSA_MEMORY_TOKEN"}
+    bridge = subprocess.run(
+        [*OSA_MEMORY, "mcp-stdio", "--url", server.url],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert bridge.returncode == 2
+    assert "OSA_MEMORY_TOKEN" in bridge.stderr
