@@ -35,10 +35,6 @@ class ScopeError(OsaMemoryError):
     """An operation ran without a trusted caller scope (org and assignment)."""
 
 
-class EmbedderError(OsaMemoryError):
-    """The configured embedder failed or exceeded its time budget."""
-
-
 class NotFoundError(OsaMemoryError):
     """No such fact in the caller's scope (facts of other scopes are reported the same way)."""
 

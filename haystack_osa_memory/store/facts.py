@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import psycopg
 from psycopg import sql
 
 from haystack_osa_memory.config import MemoryConfig
@@ -333,12 +332,6 @@ class FactRepository:
         with transaction(self.conn_str, self.config) as conn:
             rows = conn.execute(self._governing_rows, (list(document_ids),)).fetchall()
         return {r[0]: GoverningRow(*r) for r in rows}
-
-
-def is_connection_problem(error: BaseException) -> bool:
-    """True when ``error`` (or its cause) means the database could not be reached."""
-    cause = error.__cause__ or error
-    return isinstance(cause, psycopg.OperationalError)
 
 
 COUNT_FACTS = sql.SQL(
