@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from psycopg import sql
 
 from haystack_osa_memory.config import MemoryConfig
@@ -73,77 +75,72 @@ UPSERT_CHUNK = sql.SQL(
 # the `window` facts stored before and after it, its cosine `vec_ctx` x theirs. The two sides are
 # fused by a convex combination of max-normalised scores (`lex_share`). Lexical statistics come from
 # osa_fact_terms (computed at write time) while the chunk is unchanged, else are recomputed.
+#
+# Cost: the scope carries no text and no vector. The cosine is computed while the scope is read
+# (each vector is read once), only facts holding a query term are unnested (`tsv @@ any term`), and
+# text, metadata and timestamps are fetched for the few ranked rows at the end.
 SCOPED_CANDIDATES = sql.SQL(
-    """WITH scope AS MATERIALIZED (
-    SELECT g.id AS document_id, g.seq, c.content, c.embedding, g.metadata, g.created_at, g.updated_at
-    FROM {schema}.{gov} g JOIN {schema}.{chunk} c ON c.meta->>'document_id' = g.id
-    WHERE g.org_id = %(org_id)s
-      AND g.audience = ANY(%(audiences)s)
-      AND g.status = ANY(%(statuses)s)
-      AND g.metadata->>'assignment_id' = %(assignment_id)s
+    """WITH p AS MATERIALIZED (
+    SELECT %(embedding)s::vector AS qv,
+           tsvector_to_array(to_tsvector(%(language)s::regconfig, %(query)s)) AS lexemes,
+           nullif(replace(plainto_tsquery(%(language)s::regconfig, %(query)s)::text, ' & ', ' | '), '')::tsquery AS anyq
+),
+base AS MATERIALIZED (
+    SELECT s.document_id, s.chunk_id, s.cos,
+           row_number() OVER (ORDER BY s.seq, s.created_at, s.document_id)::int AS pos,
+           coalesce(t.tsv, (SELECT to_tsvector(%(language)s::regconfig,
+                                   regexp_replace(c.content, '^<!-- osa-memory:scope [^\n]* -->\n', ''))
+                            FROM {schema}.{chunk} c WHERE c.id = s.chunk_id)) AS tsv,
+           t.dl
+    FROM (
+        SELECT g.id AS document_id, g.seq, g.created_at, c.id AS chunk_id, md5(c.content) AS content_md5,
+               CASE WHEN p.qv IS NOT NULL AND c.embedding IS NOT NULL THEN 1 - (c.embedding <=> p.qv) END AS cos
+        FROM {schema}.{gov} g JOIN {schema}.{chunk} c ON c.meta->>'document_id' = g.id CROSS JOIN p
+        WHERE g.org_id = %(org_id)s
+          AND g.audience = ANY(%(audiences)s)
+          AND g.status = ANY(%(statuses)s)
+          AND g.metadata->>'assignment_id' = %(assignment_id)s
+        OFFSET 0
+    ) s LEFT JOIN {schema}.osa_fact_terms t
+        ON t.document_id = s.document_id AND t.language = %(language)s::text AND t.content_md5 = s.content_md5
 ),
 docs AS MATERIALIZED (
-    SELECT x.document_id, x.content, x.embedding, x.metadata, x.created_at, x.updated_at, x.pos, x.tsv,
-           coalesce(x.dl, (SELECT coalesce(sum(coalesce(array_length(u.positions, 1), 1)), 0)
-                           FROM unnest(x.tsv) u))::float8 AS dl
+    SELECT pos, document_id, chunk_id, tsv, dl0 + %(lex_ctx)s * (sum(dl0) OVER fr - dl0) AS cdl,
+           CASE WHEN cos IS NOT NULL THEN cos + %(vec_ctx)s * (sum(cos) OVER fr - cos) END AS vec_score
     FROM (
-        SELECT s.*, row_number() OVER (ORDER BY s.seq, s.created_at, s.document_id)::int AS pos,
-               coalesce(t.tsv, to_tsvector(%(language)s::regconfig,
-                        regexp_replace(s.content, '^<!-- osa-memory:scope [^\n]* -->\n', ''))) AS tsv,
-               t.dl
-        FROM scope s LEFT JOIN {schema}.osa_fact_terms t
-            ON t.document_id = s.document_id AND t.language = %(language)s AND t.content_md5 = md5(s.content)
+        SELECT b.*, coalesce(b.dl, (SELECT coalesce(sum(coalesce(array_length(u.positions, 1), 1)), 0)
+                                    FROM unnest(b.tsv) u))::float8 AS dl0
+        FROM base b
     ) x
+    WINDOW fr AS (ORDER BY pos RANGE BETWEEN %(window)s::int PRECEDING AND %(window)s::int FOLLOWING)
 ),
-lens AS MATERIALIZED (
-    SELECT array_agg(cdl ORDER BY pos) AS dl, count(*)::float8 AS n, greatest(avg(cdl), 1)::float8 AS avgdl
-    FROM (
-        SELECT pos, dl + %(lex_ctx)s * (sum(dl) OVER fr - dl) AS cdl
-        FROM docs
-        WINDOW fr AS (ORDER BY pos RANGE BETWEEN %(window)s::int PRECEDING AND %(window)s::int FOLLOWING)
-    ) x
-),
-q AS MATERIALIZED (SELECT DISTINCT lexeme FROM unnest(to_tsvector(%(language)s::regconfig, %(query)s))),
+stats AS MATERIALIZED (SELECT count(*)::float8 AS n, greatest(avg(cdl), 1)::float8 AS avgdl FROM docs),
 matched AS MATERIALIZED (
     SELECT d.pos, u.lexeme, coalesce(array_length(u.positions, 1), 1)::float8 AS tf
-    FROM docs d, unnest(d.tsv) u
-    WHERE u.lexeme IN (SELECT lexeme FROM q)
+    FROM docs d CROSS JOIN p, unnest(d.tsv) u
+    WHERE d.tsv @@ p.anyq AND u.lexeme = ANY (p.lexemes)
 ),
 tf AS MATERIALIZED (
     SELECT m.pos + o.off AS pos, m.lexeme,
            sum(CASE WHEN o.off = 0 THEN 1.0 ELSE %(lex_ctx)s END * m.tf)::float8 AS tf
     FROM matched m CROSS JOIN generate_series(-%(window)s::int, %(window)s::int) AS o(off)
-    WHERE m.pos + o.off BETWEEN 1 AND (SELECT n FROM lens) AND (o.off = 0 OR %(lex_ctx)s > 0)
+    WHERE m.pos + o.off BETWEEN 1 AND (SELECT n FROM stats) AND (o.off = 0 OR %(lex_ctx)s > 0)
     GROUP BY 1, 2
 ),
-df AS MATERIALIZED (SELECT lexeme, count(*)::float8 AS df FROM tf GROUP BY lexeme),
 lex AS MATERIALIZED (
     SELECT tf.pos,
-           sum(ln(1 + (l.n - df.df + 0.5) / (df.df + 0.5))
-               * tf.tf * (%(k1)s + 1) / (tf.tf + %(k1)s * (1 - %(b)s + %(b)s * l.dl[tf.pos] / l.avgdl))) AS score
-    FROM tf JOIN df USING (lexeme) CROSS JOIN lens l
+           sum(ln(1 + (s.n - df.df + 0.5) / (df.df + 0.5))
+               * tf.tf * (%(k1)s + 1) / (tf.tf + %(k1)s * (1 - %(b)s + %(b)s * d.cdl / s.avgdl))) AS score
+    FROM tf JOIN (SELECT lexeme, count(*)::float8 AS df FROM tf GROUP BY lexeme) df USING (lexeme)
+        JOIN docs d USING (pos) CROSS JOIN stats s
     GROUP BY tf.pos
 ),
-vec AS MATERIALIZED (
-    SELECT pos, cos + %(vec_ctx)s * (sum(cos) OVER fr - cos) AS score
-    FROM (
-        SELECT pos, 1 - (embedding <=> p.qv) AS cos
-        FROM docs, (SELECT %(embedding)s::vector AS qv) p
-        WHERE p.qv IS NOT NULL AND embedding IS NOT NULL
-    ) x
-    WINDOW fr AS (ORDER BY pos RANGE BETWEEN %(window)s::int PRECEDING AND %(window)s::int FOLLOWING)
-),
-scored AS (
-    SELECT pos, max(lex) AS lex_score, max(vec) AS vec_score
-    FROM (SELECT pos, score AS lex, NULL::float8 AS vec FROM lex
-          UNION ALL SELECT pos, NULL::float8, score FROM vec) u
-    GROUP BY pos
-),
 fused AS (
-    SELECT pos, lex_score, vec_score,
-           %(lex_share)s * coalesce(lex_score / nullif(max(lex_score) OVER (), 0), 0)
-           + (1 - %(lex_share)s) * coalesce(vec_score / nullif(greatest(max(vec_score) OVER (), 0), 0), 0) AS fused
-    FROM scored
+    SELECT d.pos, d.document_id, d.chunk_id, l.score AS lex_score, d.vec_score,
+           %(lex_share)s * coalesce(l.score / nullif(max(l.score) OVER (), 0), 0)
+           + (1 - %(lex_share)s) * coalesce(d.vec_score / nullif(greatest(max(d.vec_score) OVER (), 0), 0), 0) AS fused
+    FROM docs d LEFT JOIN lex l USING (pos)
+    WHERE l.score IS NOT NULL OR d.vec_score IS NOT NULL
 ),
 ranked AS MATERIALIZED (
     SELECT *
@@ -158,9 +155,11 @@ ranked AS MATERIALIZED (
     ) x
     WHERE lex_rank <= %(k)s OR vec_rank <= %(k)s OR fused_rank <= %(k)s
 )
-SELECT d.document_id, d.content, d.metadata, d.created_at, d.updated_at,
-       r.lex_rank, r.lex_score, r.vec_rank, r.vec_score, r.fused, d.pos
-FROM ranked r JOIN docs d USING (pos)"""
+SELECT r.document_id, c.content, g.metadata, g.created_at, g.updated_at,
+       r.lex_rank, r.lex_score, r.vec_rank, r.vec_score, r.fused, r.pos
+FROM ranked r
+    JOIN {schema}.{gov} g ON g.id = r.document_id
+    JOIN {schema}.{chunk} c ON c.id = r.chunk_id"""
 )
 
 GOVERNING_ROWS = sql.SQL(
@@ -197,11 +196,15 @@ class Candidate:
     position: int = 0
 
 
-def vector_literal(embedding: Sequence[float] | None) -> str | None:
+Vector = Sequence[float] | npt.NDArray[np.float32]
+
+
+def vector_literal(embedding: Vector | None) -> str | None:
     """pgvector's text form of an embedding (``None`` stays ``None``)."""
     if embedding is None:
         return None
-    return "[" + ",".join(repr(float(x)) for x in embedding) + "]"
+    values = embedding.tolist() if isinstance(embedding, np.ndarray) else embedding
+    return "[" + ",".join(repr(float(x)) for x in values) + "]"
 
 
 class FactRepository:
@@ -287,7 +290,7 @@ class FactRepository:
         org_id: str,
         assignment_id: str,
         query: str,
-        embedding: Sequence[float] | None,
+        embedding: Vector | None,
         k: int,
         audiences: Sequence[str] = (FACT_AUDIENCE,),
         statuses: Sequence[str] | None = None,

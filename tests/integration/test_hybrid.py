@@ -6,8 +6,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+import psycopg
 import pytest
 from haystack import component
+from psycopg import sql
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
 from haystack_osa_memory.embedders import build_embedders
@@ -105,3 +108,46 @@ def test_recall_degrades_to_lexical(hybrid_config: MemoryConfig, minilm: tuple[A
     # the matching fact first; its neighbours (context window) may follow, below it
     assert result["facts"][0]["content"] == FACTS[2]
     assert all(f["score"] < result["facts"][0]["score"] for f in result["facts"][1:])
+
+
+def test_vectors_are_stored_inline(pg_conn_str: str, hybrid_config: MemoryConfig, minilm: tuple[Any, Any]) -> None:
+    """A fact's vector stays in the chunk row (STORAGE MAIN), so recall reads it without a TOAST lookup."""
+    memory = Memory(hybrid_config, document_embedder=minilm[0], text_embedder=minilm[1])
+    me = Caller(org_id="acme", assignment_id="asg-inline")
+    # text + metadata + a 384-d vector exceed PostgreSQL's 2 kB TOAST threshold
+    memory.store("The release checklist lives in the ops wiki. " * 12, caller=me, topic="release")
+    names = {"schema": sql.Identifier(hybrid_config.kb_schema), "chunk": sql.Identifier(hybrid_config.chunk_table)}
+    with psycopg.connect(pg_conn_str) as conn:
+        storage = conn.execute(
+            "SELECT attstorage FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'embedding'",
+            (f'"{hybrid_config.kb_schema}"."{hybrid_config.chunk_table}"',),
+        ).fetchone()
+        row = conn.execute(
+            sql.SQL(
+                "SELECT pg_column_size(c.*), pg_column_toast_chunk_id(c.embedding) FROM {schema}.{chunk} c"
+            ).format(**names)
+        ).fetchone()
+    assert storage == ("m",)
+    assert row is not None
+    assert row[0] > 2032  # the row is over the threshold ...
+    assert row[1] is None  # ... and still the vector was not moved out of line
+
+
+def test_guarded_embedding_is_an_array_that_copies_cheaply(minilm: tuple[Any, Any]) -> None:
+    """Haystack deep-copies component inputs element by element; the query vector must not be a list."""
+    from haystack.core.pipeline.utils import _deepcopy_with_exceptions
+
+    from haystack_osa_memory import GuardedTextEmbedder
+
+    out = GuardedTextEmbedder(embedder=minilm[1]).run(text="where do the servers run?")
+    vector = out["embedding"]
+    assert isinstance(vector, np.ndarray)
+    assert vector.dtype == np.float32
+    assert vector.shape == (384,)
+    # Haystack copies lists, tuples and sets element by element (~4 ms for 384 floats here) and
+    # anything else with one deepcopy call: the vector must arrive as one array, not a rebuilt list.
+    copied = _deepcopy_with_exceptions({"query_embedding": vector})["query_embedding"]
+    assert not isinstance(vector, list | tuple | set)
+    assert isinstance(copied, np.ndarray)
+    assert copied is not vector
+    assert np.array_equal(copied, vector)
