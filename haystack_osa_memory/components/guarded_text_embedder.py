@@ -6,6 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from haystack import component, default_to_dict
 from haystack.core.serialization import component_from_dict, component_to_dict, import_class_by_name
 
@@ -22,6 +24,10 @@ class GuardedTextEmbedder:
     raises, or takes longer than `timeout` seconds, so a recall pipeline can still answer from its
     lexical side and say that it degraded.
 
+    The embedding is returned as a float32 numpy array, not a list: a Haystack pipeline deep-copies
+    every component input element by element, and a 384-float list costs ~4 ms per copy there while
+    an array costs microseconds (docs/traps.md). `ScopedMemoryRetriever` accepts both.
+
     Usage example:
     ```python
     from haystack.components.embedders import MockTextEmbedder
@@ -29,7 +35,7 @@ class GuardedTextEmbedder:
 
     embedder = GuardedTextEmbedder(embedder=MockTextEmbedder(dimension=384), timeout=2.0)
     out = embedder.run(text="where is the staging VPN config?")
-    out["embedding"], out["degraded"]   # ([...384 floats...], None)
+    out["embedding"], out["degraded"]   # (array([...384 float32...]), None)
     ```
     """
 
@@ -78,7 +84,7 @@ class GuardedTextEmbedder:
         params["embedder"] = component_from_dict(import_class_by_name(inner["type"]), inner, "embedder")
         return cls(**params)
 
-    @component.output_types(embedding=list[float] | None, degraded=str | None)
+    @component.output_types(embedding=npt.NDArray[np.float32] | None, degraded=str | None)
     def run(self, text: str) -> dict[str, Any]:
         """
         :param text: The query text.
@@ -98,6 +104,10 @@ class GuardedTextEmbedder:
             logger.warning("text embedder failed; answering lexically: %s", e)
             return {"embedding": None, "degraded": f"embedder failed: {type(e).__name__}: {e}"}
         embedding = result.get("embedding") if isinstance(result, dict) else None
-        if not embedding:
-            return {"embedding": None, "degraded": "embedder returned no embedding"}
-        return {"embedding": [float(x) for x in embedding], "degraded": None}
+        try:
+            vector = np.asarray(embedding if embedding is not None else [], dtype=np.float32)
+        except (TypeError, ValueError) as e:
+            return {"embedding": None, "degraded": f"embedder returned no usable embedding: {e}"}
+        if vector.ndim != 1 or vector.size == 0 or not np.isfinite(vector).all():
+            return {"embedding": None, "degraded": "embedder returned no usable embedding"}
+        return {"embedding": vector, "degraded": None}

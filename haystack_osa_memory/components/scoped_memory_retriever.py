@@ -3,6 +3,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+import numpy as np
+import numpy.typing as npt
 from haystack import Document, component, default_from_dict, default_to_dict
 from haystack.utils import Secret, deserialize_secrets_inplace
 
@@ -173,7 +175,9 @@ class ScopedMemoryRetriever(KnowledgeBaseSettings):
         query: str,
         org_id: str,
         assignment_id: str,
-        query_embedding: list[float] | None = None,
+        # Haystack compares Union types position by position: this order accepts both the
+        # `NDArray | None` of GuardedTextEmbedder and the `list[float]` of Haystack's embedders.
+        query_embedding: npt.NDArray[np.float32] | None | list[float] = None,  # noqa: RUF036
         top_k: int | None = None,
     ) -> dict[str, Any]:
         """

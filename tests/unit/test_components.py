@@ -181,6 +181,27 @@ class TestGuardedTextEmbedder:
         assert out["degraded"] is None
         assert len(out["embedding"]) == 8
 
+    @pytest.mark.parametrize("bad", [[], [float("nan"), 1.0], [[1.0, 2.0]], "abc"])
+    def test_unusable_embedding_degrades(self, bad: Any) -> None:
+        @component
+        class _Odd:
+            @component.output_types(embedding=list[float])
+            def run(self, text: str) -> dict[str, Any]:
+                return {"embedding": bad}
+
+        out = GuardedTextEmbedder(embedder=_Odd()).run(text="hello")
+        assert out["embedding"] is None
+        assert "no usable embedding" in out["degraded"]
+
+    @pytest.mark.parametrize("sender", ["guard", "plain"])
+    def test_retriever_accepts_guarded_and_plain_embeddings(self, sender: str) -> None:
+        pipe = Pipeline()
+        embedder = MockTextEmbedder(dimension=8)
+        pipe.add_component("embed", GuardedTextEmbedder(embedder=embedder) if sender == "guard" else embedder)
+        pipe.add_component("retrieve", ScopedMemoryRetriever())
+        pipe.connect("embed.embedding", "retrieve.query_embedding")  # raises when the types do not match
+        assert pipe.graph.has_edge("embed", "retrieve")
+
     def test_failure_degrades(self) -> None:
         out = GuardedTextEmbedder(embedder=_FailingEmbedder()).run(text="hello")
         assert out["embedding"] is None
