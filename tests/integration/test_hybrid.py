@@ -123,9 +123,9 @@ def test_vectors_are_stored_inline(pg_conn_str: str, hybrid_config: MemoryConfig
             (f'"{hybrid_config.kb_schema}"."{hybrid_config.chunk_table}"',),
         ).fetchone()
         row = conn.execute(
-            sql.SQL(
-                "SELECT pg_column_size(c.*), pg_column_toast_chunk_id(c.embedding) FROM {schema}.{chunk} c"
-            ).format(**names)
+            sql.SQL("SELECT pg_column_size(c.*), pg_column_toast_chunk_id(c.embedding) FROM {schema}.{chunk} c").format(
+                **names
+            )
         ).fetchone()
     assert storage == ("m",)
     assert row is not None
