@@ -46,27 +46,39 @@ UPSERT_GOVERNING_ROW = sql.SQL(
       AND {schema}.{gov}.metadata->>'assignment_id' = EXCLUDED.metadata->>'assignment_id'
     RETURNING id, status"""
 )
-# Lexical statistics of a fact, computed once at write time (same expression the recall query
-# falls back to), so recall does not re-tokenise every fact of the scope on every query. They are
-# used only while the chunk's content still has the same md5 (a chunk changed by other tools is
-# re-tokenised at query time).
-UPSERT_TERMS = sql.SQL(
-    """INSERT INTO {schema}.osa_fact_terms (document_id, language, content_md5, tsv, dl)
-    SELECT %(id)s, %(language)s, md5(%(content)s), x.tsv,
-           (SELECT coalesce(sum(coalesce(array_length(u.positions, 1), 1)), 0) FROM unnest(x.tsv) u)
-    FROM (SELECT to_tsvector(%(language)s::regconfig,
-                 regexp_replace(%(content)s, '^<!-- osa-memory:scope [^\n]* -->\n', '')) AS tsv) x
-    ON CONFLICT (document_id) DO UPDATE SET
-        language = EXCLUDED.language, content_md5 = EXCLUDED.content_md5, tsv = EXCLUDED.tsv, dl = EXCLUDED.dl"""
-)
 INSERT_AUDIT = sql.SQL(
     """INSERT INTO {mem}.audit (actor, action, org_id, assignment_id, document_id, details)
     VALUES (%(actor)s, %(action)s, %(org_id)s, %(assignment_id)s, %(document_id)s, %(details)s)"""
 )
-UPSERT_CHUNK = sql.SQL(
-    """INSERT INTO {schema}.{chunk} (id, embedding, content, meta)
-    VALUES (%(id)s, %(embedding)s::vector, %(content)s, %(meta)s)
-    ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding, content = EXCLUDED.content, meta = EXCLUDED.meta"""
+# One fact in one statement (one round trip; a batch goes through pipeline mode): governing row,
+# chunk, lexical statistics and, when asked, an audit row. Everything after the governing-row upsert
+# selects FROM it, so when that upsert refuses (the id belongs to another scope) nothing is written.
+# The lexical statistics (same expression the recall query falls back to) spare recall re-tokenising
+# every fact of the scope on every query; they are used only while the chunk's content still has the
+# same md5 (a chunk changed by other tools is re-tokenised at query time).
+WRITE_FACT = sql.SQL(
+    """WITH g AS ({upsert_row}),
+a AS (
+    INSERT INTO {mem}.audit (actor, action, org_id, assignment_id, document_id, details)
+    SELECT %(actor)s, %(action)s, %(org_id)s, %(assignment_id)s, g.id,
+           jsonb_build_object('status', g.status, 'kind', %(kind)s::text)
+    FROM g WHERE %(audit)s::boolean
+),
+c AS (
+    INSERT INTO {schema}.{chunk} (id, embedding, content, meta)
+    SELECT %(chunk_id)s, %(embedding)s::vector, %(content)s, %(meta)s FROM g
+    ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding, content = EXCLUDED.content, meta = EXCLUDED.meta
+),
+t AS (
+    INSERT INTO {schema}.osa_fact_terms (document_id, language, content_md5, tsv, dl)
+    SELECT %(chunk_id)s, %(language)s, md5(%(content)s), x.tsv,
+           (SELECT coalesce(sum(coalesce(array_length(u.positions, 1), 1)), 0) FROM unnest(x.tsv) u)
+    FROM g, (SELECT to_tsvector(%(language)s::regconfig,
+                    regexp_replace(%(content)s, '^<!-- osa-memory:scope [^\n]* -->\n', '')) AS tsv) x
+    ON CONFLICT (document_id) DO UPDATE SET
+        language = EXCLUDED.language, content_md5 = EXCLUDED.content_md5, tsv = EXCLUDED.tsv, dl = EXCLUDED.dl
+)
+SELECT id, status FROM g"""
 )
 
 # Candidates of one scope. The scope (governing rows joined with their chunks) is materialised first;
@@ -228,11 +240,9 @@ class FactRepository:
             "mem": sql.Identifier(config.memory_schema),
         }
         self._upsert_row = UPSERT_GOVERNING_ROW.format(**names)
-        self._upsert_chunk = UPSERT_CHUNK.format(**names)
         self._candidates = SCOPED_CANDIDATES.format(**names)
         self._governing_rows = GOVERNING_ROWS.format(**names)
-        self._insert_audit = INSERT_AUDIT.format(mem=sql.Identifier(config.memory_schema))
-        self._upsert_terms = UPSERT_TERMS.format(schema=sql.Identifier(config.kb_schema))
+        self._write_fact = WRITE_FACT.format(upsert_row=self._upsert_row, **names)
 
     def write(
         self,
@@ -248,40 +258,36 @@ class FactRepository:
         Raises:
             DatabaseError: the database failed, or an id is taken by a document of another scope.
         """
+        params = [
+            {
+                **row,
+                "metadata": json.dumps(row["metadata"]),
+                "audit": audit is not None,
+                "actor": audit["actor"] if audit else None,
+                "action": audit["action"] if audit else None,
+                "assignment_id": row["metadata"].get("assignment_id"),
+                "kind": row["metadata"].get("kind"),
+                "chunk_id": chunk["id"],
+                "embedding": vector_literal(chunk.get("embedding")),
+                "content": chunk["content"],
+                "meta": json.dumps(chunk["meta"]),
+                "language": self.config.language,
+            }
+            for row, chunk in items
+        ]
         written: list[str] = []
-        with transaction(self.conn_str, self.config) as conn:
-            for row, chunk in items:
-                params = {**row, "metadata": json.dumps(row["metadata"])}
-                result = conn.execute(self._upsert_row, params).fetchone()
-                if result is None:
-                    msg = f"document id {row['id']} belongs to another document; refusing to overwrite it"
+        with transaction(self.conn_str, self.config) as conn, conn.cursor() as cur:
+            if len(params) == 1:
+                cur.execute(self._write_fact, params[0])
+            else:
+                cur.executemany(self._write_fact, params, returning=True)
+            for n, p in enumerate(params):
+                if n:
+                    cur.nextset()
+                if cur.fetchone() is None:
+                    msg = f"document id {p['id']} belongs to another document; refusing to overwrite it"
                     raise DatabaseError(msg)
-                if audit is not None:
-                    conn.execute(
-                        self._insert_audit,
-                        {
-                            "actor": audit["actor"],
-                            "action": audit["action"],
-                            "org_id": row["org_id"],
-                            "assignment_id": row["metadata"].get("assignment_id"),
-                            "document_id": row["id"],
-                            "details": json.dumps({"status": result[1], "kind": row["metadata"].get("kind")}),
-                        },
-                    )
-                conn.execute(
-                    self._upsert_chunk,
-                    {
-                        "id": chunk["id"],
-                        "embedding": vector_literal(chunk.get("embedding")),
-                        "content": chunk["content"],
-                        "meta": json.dumps(chunk["meta"]),
-                    },
-                )
-                conn.execute(
-                    self._upsert_terms,
-                    {"id": chunk["id"], "language": self.config.language, "content": chunk["content"]},
-                )
-                written.append(row["id"])
+                written.append(p["id"])
         return written
 
     def scoped_candidates(
