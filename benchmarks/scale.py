@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/scale.py --chunks 100000 [--assignments 200] [--facts-per-assignment 20]
-                               [--queries 100] [--json out.json] [--plot out.png] [--explain]
+                               [--queries 100] [--json out.json] [--plot out.png] [--explain] [--no-mcp]
 
 ``PG_CONN_STR`` selects the database (a fresh schema is created and dropped at the end); when it
 is unset, an embedded PostgreSQL + pgvector is started in a temporary directory and deleted after.
@@ -40,6 +40,25 @@ chunks, with the keyword GIN and btree indexes in place); text generation is tim
 is RSS and PSS summed over the postmaster and its children (psutil; only when the server runs on
 this machine), at each phase and as the peak of one-second samples.
 
+**Through MCP** (skipped with ``--no-mcp``). The same recall as an agent makes it: a real
+``osa-memory serve`` in its own process (``python -m haystack_osa_memory.cli serve`` on a free loopback
+port), configured through ``OSA_MEMORY_*`` variables with this run's database, schema and settings,
+and the official ``mcp`` client over streamable HTTP. One bearer token per queried assignment is
+created in process (``TokenStore.create``, bound to the target's org and assignment); each token gets
+ONE client session (``initialize`` + ``list_tools``, timed apart as "session open"), in which
+``kb_memory_recall`` (``query``, ``limit`` = k) is called for every query kind of that assignment's
+targets, after three unmeasured warm-up calls. Only ``ClientSession.call_tool`` is timed: the
+JSON-RPC request, the HTTP POST over loopback, the bearer-token check (one PostgreSQL look-up per
+request), argument validation, ``Memory.recall`` in the server, and the JSON result back (SSE
+framing included). The server runs with ``OSA_MEMORY_EMBEDDER=none``, i.e. LEXICAL recall and no
+query embedding: the in-process embedders here are lookup tables a server cannot have, and a real
+embedder's query vectors would not match the synthetic stored vectors. So that the comparison is
+like for like, an in-process lexical ``Memory.recall`` on the same targets is measured right before
+(row "Memory.recall (lexical)"); the difference of the two rows is what MCP costs. A call that
+errors, answers for another assignment or answers "degraded" stops the run with the server's log;
+completeness through MCP is whether the target's document id is among the returned facts. The
+server is stopped (SIGTERM, then SIGKILL after 15 s) when the measurement ends, whatever happens.
+
 **Designs.**
 
 - (a) *post-filter* (the old design): top k over the whole chunk table (exact scan, then with the
@@ -53,8 +72,9 @@ this machine), at each phase and as the peak of one-second samples.
   distance over the scope's rows only), and the full ``Memory.recall`` pipeline (hybrid, fused).
 
 Order of a run: bulk load, ANALYZE, store the targets, measure the designs that need no vector
-index, build the HNSW index (``--maintenance-work-mem``), measure the HNSW designs and ours again,
-store more facts (latency with the index), drop the schema.
+index, lexical recall in process and through MCP (server started and stopped), build the HNSW index
+(``--maintenance-work-mem``), measure the HNSW designs and ours again, store more facts (latency
+with the index), drop the schema.
 
 The numbers of (a) and (b) depend on this synthetic topic model (topic sizes, noise levels); the
 point of the benchmark is the trend with ``--chunks`` and that (c) does not depend on it.
@@ -68,22 +88,30 @@ import os
 import platform
 import random
 import re
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Literal
 
+import anyio
+import httpx
 import numpy as np
 import psutil
 import psycopg
 from haystack import Document, component
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
 from pgvector.psycopg import register_vector
 from psycopg import sql
 from psycopg.types.json import Jsonb
@@ -92,6 +120,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
+from haystack_osa_memory.config import ENVIRONMENT
 from haystack_osa_memory.database import close_pools
 from haystack_osa_memory.markers import add_marker, content_hash, document_id
 from haystack_osa_memory.store.facts import (
@@ -102,6 +131,7 @@ from haystack_osa_memory.store.facts import (
     vector_literal,
 )
 from haystack_osa_memory.store.schema import ensure_schema
+from haystack_osa_memory.store.tokens import TokenStore
 
 DIM = 384
 ORGS = ("acme", "globex", "initech", "umbrella")
@@ -551,8 +581,209 @@ class Report:
     memory: dict[str, Any] = field(default_factory=dict)
     sizes_mib: dict[str, float] = field(default_factory=dict)
     plans: dict[str, str] = field(default_factory=dict)
+    mcp: dict[str, Any] = field(default_factory=dict)
     total_seconds: float = 0.0
     load_avg_at_end: list[float] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------- MCP
+
+MCP_TOOL = "kb_memory_recall"
+MCP_WARM_UP_CALLS = 3
+SERVER_START_TIMEOUT_S = 90.0
+SERVER_STOP_TIMEOUT_S = 15.0
+OSA_MEMORY = (sys.executable, "-m", "haystack_osa_memory.cli")  # `osa-memory`, from this interpreter
+#: MemoryConfig settings handed to the server as OSA_MEMORY_* variables (so both sides read the same data).
+SERVER_SETTINGS = (
+    "kb_schema",
+    "chunk_table",
+    "governing_table",
+    "memory_schema",
+    "embedding_dimension",
+    "language",
+    "embedder",
+    "dataset",
+    "statement_timeout_ms",
+)
+MCP_TIMED = (
+    "ClientSession.call_tool only: JSON-RPC request, HTTP POST over loopback, bearer-token check (a PostgreSQL "
+    "lookup per request), argument validation, Memory.recall in the server (lexical scoped SQL, ACL, marker "
+    "strip; no query embedding), JSON result and its SSE framing back to the client. Not timed: opening the "
+    "session (initialize + list_tools, reported apart) and parsing the result's JSON here."
+)
+
+
+class McpCallError(RuntimeError):
+    """A tool call through MCP failed (tool error, protocol error, or an answer that is not a recall)."""
+
+
+def describe(error: BaseException) -> str:
+    """``Type: message`` of an error, or of every error inside an exception group (as anyio raises them)."""
+    if isinstance(error, BaseExceptionGroup):
+        return "; ".join(describe(e) for e in error.exceptions)
+    return f"{type(error).__name__}: {error}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def server_env(config: MemoryConfig, conn_str: str, data_dir: Path) -> dict[str, str]:
+    """This process's environment minus every osa-memory setting, plus the benchmark's settings."""
+    env = {key: value for key, value in os.environ.items() if key not in ENVIRONMENT}
+    variable = {name: var for var, name in ENVIRONMENT.items()}
+    for name in SERVER_SETTINGS:
+        env[variable[name]] = str(getattr(config, name))
+    env |= {"PG_CONN_STR": conn_str, "OSA_MEMORY_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
+    return env
+
+
+@dataclass
+class McpServer:
+    """``osa-memory serve`` in its own process on a free loopback port."""
+
+    env: dict[str, str]
+    log: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def log_tail(self, lines: int = 40) -> str:
+        with suppress(OSError):
+            return "\n".join(self.log.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+        return "(no server log)"
+
+    def start(self) -> None:
+        """Start the server and wait until ``/status`` answers (the pipelines are set up by then)."""
+        command = [*OSA_MEMORY, "serve", "--port", str(self.port), "--log-level", "warning"]
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                msg = f"osa-memory serve exited with {self.proc.returncode}:\n{self.log_tail()}"
+                raise RuntimeError(msg)
+            with suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{self.port}/status", timeout=1).status_code == 200:
+                    return
+            time.sleep(0.2)
+        msg = f"osa-memory serve did not answer /status within {SERVER_START_TIMEOUT_S:.0f} s:\n{self.log_tail()}"
+        raise RuntimeError(msg)
+
+    def stop(self) -> None:
+        """Terminate the server (kill it if it does not exit in time) and reap it."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(SERVER_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(SERVER_STOP_TIMEOUT_S)
+
+
+@contextmanager
+def running_server(config: MemoryConfig, conn_str: str) -> Iterator[McpServer]:
+    """A started :class:`McpServer` on the benchmark's schema; stopped on the way out, whatever happens."""
+    with tempfile.TemporaryDirectory(prefix="osa-bench-mcp-") as tmp:
+        server = McpServer(server_env(config, conn_str, Path(tmp) / "data"), Path(tmp) / "server.log")
+        try:
+            server.start()
+            yield server
+        finally:
+            server.stop()
+
+
+@asynccontextmanager
+async def mcp_session(url: str, token: str) -> AsyncIterator[ClientSession]:
+    """An initialised session of the official MCP client (streamable HTTP) with ``token`` as bearer."""
+    async with (
+        httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120) as http,
+        streamable_http_client(url, http_client=http) as (read, write, _),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        # call_tool lists the tools on a session's first call (to validate output schemas): do it here, untimed.
+        await session.list_tools()
+        yield session
+
+
+async def recall_over_mcp(session: ClientSession, target: Target, kind: QueryKind, k: int) -> tuple[float, Hit]:
+    """(seconds of the tool call, outcome) of one ``kb_memory_recall``; raises :class:`McpCallError` on failure."""
+    text, _ = target.query(kind)
+    t0 = time.perf_counter()
+    result = await session.call_tool(MCP_TOOL, {"query": text, "limit": k})
+    elapsed = time.perf_counter() - t0
+    body = "".join(getattr(c, "text", "") for c in result.content)
+    if result.isError:
+        msg = f"{MCP_TOOL} returned an error for {target.caller.assignment_id} ({kind}): {body}"
+        raise McpCallError(msg)
+    try:
+        answer = json.loads(body)
+        ids = [fact["document_id"] for fact in answer["facts"]]
+    except (ValueError, KeyError, TypeError) as e:
+        msg = f"{MCP_TOOL} answered something that is not a recall result ({e!r}): {body[:500]}"
+        raise McpCallError(msg) from None
+    if answer.get("assignment_id") != target.caller.assignment_id or "degraded" in answer:
+        msg = f"{MCP_TOOL} answered for the wrong assignment or degraded: {body[:500]}"
+        raise McpCallError(msg)
+    return elapsed, Hit(target.document_id in ids, len(ids))
+
+
+@dataclass
+class McpRun:
+    """What the MCP measurement collected."""
+
+    call_seconds: list[float] = field(default_factory=list)
+    session_open_seconds: list[float] = field(default_factory=list)
+    found: dict[QueryKind, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    returned: int = 0
+
+
+async def measure_mcp(url: str, tokens: dict[str, str], targets: list[Target], k: int) -> McpRun:
+    """Warm up, then one session per token: every query kind of every target of that token's assignment."""
+    for t in targets[:MCP_WARM_UP_CALLS]:
+        async with mcp_session(url, tokens[t.caller.assignment_id]) as session:
+            await recall_over_mcp(session, t, "para", k)
+    by_assignment: dict[str, list[Target]] = {}
+    for t in targets:
+        by_assignment.setdefault(t.caller.assignment_id, []).append(t)
+    run = McpRun()
+    with progress() as bar:
+        task = bar.add_task(f"MCP {MCP_TOOL} ({len(by_assignment)} sessions)", total=len(targets) * len(KINDS))
+        for assignment, group in by_assignment.items():
+            t0 = time.perf_counter()
+            async with mcp_session(url, tokens[assignment]) as session:
+                run.session_open_seconds.append(time.perf_counter() - t0)
+                for kind in KINDS:
+                    for t in group:
+                        seconds, hit = await recall_over_mcp(session, t, kind, k)
+                        run.call_seconds.append(seconds)
+                        run.found[kind] += hit.found
+                        run.returned += hit.returned
+                        bar.advance(task)
+    return run
+
+
+def issue_tokens(conn_str: str, config: MemoryConfig, callers: list[Caller]) -> dict[str, str]:
+    """One bearer token per assignment (bound to its org and assignment), in process."""
+    store = TokenStore(conn_str, config)
+    tokens: dict[str, str] = {}
+    for caller in callers:
+        if caller.assignment_id not in tokens:
+            issued = store.create(
+                org_id=caller.org_id,
+                assignment_id=caller.assignment_id,
+                specialist_id=caller.specialist_id,
+                expires_in=timedelta(hours=6),
+            )
+            tokens[caller.assignment_id] = issued.token
+    return tokens
 
 
 # --------------------------------------------------------------------------------------------- benchmark
@@ -816,9 +1047,7 @@ class Bench:
 
     def recall(self, target: Target, kind: QueryKind) -> dict[str, Hit]:
         assert self.memory is not None
-        text, _ = target.query(kind)
-        facts = self.memory.recall(text, limit=self.p.k, caller=target.caller)["facts"]
-        return {"fused": Hit(target.document_id in {f["document_id"] for f in facts}, len(facts))}
+        return {"fused": self._recall_hit(self.memory, target, kind)}
 
     def measure(self, design: str, fn: Callable[[Target, QueryKind], dict[str, Hit]], note: str = "") -> None:
         """Run ``fn`` for every target and query kind (3 unmeasured warm-up runs first)."""
@@ -838,6 +1067,17 @@ class Bench:
                         found.setdefault(side, dict.fromkeys(KINDS, 0))[kind] += hit.found
                         returned[side] = returned.get(side, 0) + hit.returned
                     bar.advance(task)
+        self.record(design, seconds, found, returned, note)
+
+    def record(
+        self,
+        design: str,
+        seconds: list[float],
+        found: dict[str, dict[QueryKind, int]],
+        returned: dict[str, int],
+        note: str = "",
+    ) -> None:
+        """One result row per side: completeness per query kind, mean rows returned, latency percentiles."""
         latency = percentiles(seconds)
         for side, counts in found.items():
             share: dict[str, float] = {kind: round(100 * counts[kind] / len(self.targets), 1) for kind in KINDS}
@@ -873,6 +1113,56 @@ class Bench:
             lambda t, kind: self.scoped(t, kind, with_vector=True),
         )
         self.sample_memory("after queries")
+
+    def run_mcp(self) -> None:
+        """Recall through the real MCP server (lexical), next to the same recall in process.
+
+        The server (``osa-memory serve``, its own process) reads this run's schema with this run's settings;
+        ``OSA_MEMORY_EMBEDDER=none`` because the in-process embedders here are lookup tables it cannot have, and
+        a real embedder's query vectors would not match the synthetic stored ones. The in-process lexical
+        ``Memory.recall`` is measured first, so the difference of the two rows is the cost of MCP.
+        """
+        lexical = Memory(self.config, use_default_embedders=False, init_schema=False)
+        lexical.warm_up()
+        self.measure(
+            "(c) ours, Memory.recall (lexical)",
+            lambda t, kind: {"lexical": self._recall_hit(lexical, t, kind)},
+            note="in process, baseline of MCP row",
+        )
+        tokens = issue_tokens(self.conn_str, self.config, [t.caller for t in self.targets])
+        with running_server(self.config, self.conn_str) as server:
+            pid = server.proc.pid if server.proc else None
+            console.print(f"[dim]osa-memory serve (pid {pid}) on {server.url}, {len(tokens)} tokens…")
+            try:
+                run = anyio.run(measure_mcp, server.url, tokens, self.targets, self.p.k)
+            except Exception as e:
+                msg = f"recall through MCP failed: {describe(e)}\nserver log (tail):\n{server.log_tail()}"
+                raise RuntimeError(msg) from e
+        self.record(
+            f"(c) ours, MCP {MCP_TOOL} (lexical)",
+            run.call_seconds,
+            {"lexical": run.found},
+            {"lexical": run.returned},
+            note="HTTP+MCP+auth+JSON, no embed",
+        )
+        self.report.mcp = {
+            "tool": MCP_TOOL,
+            "server": "osa-memory serve in its own process, 127.0.0.1, OSA_MEMORY_EMBEDDER=none (lexical recall)",
+            "client": f"official mcp client {version('mcp')}, streamable HTTP, one session per token",
+            "timed": MCP_TIMED,
+            "tokens": len(tokens),
+            "sessions": len(run.session_open_seconds),
+            "calls_timed": len(run.call_seconds),
+            "warm_up_calls": min(MCP_WARM_UP_CALLS, len(self.targets)),
+            "call_ms": percentiles(run.call_seconds),
+            "session_open_ms": percentiles(run.session_open_seconds),
+            "server_pid": pid,
+        }
+
+    def _recall_hit(self, memory: Memory, target: Target, kind: QueryKind) -> Hit:
+        text, _ = target.query(kind)
+        facts = memory.recall(text, limit=self.p.k, caller=target.caller)["facts"]
+        return Hit(target.document_id in {f["document_id"] for f in facts}, len(facts))
 
     def explain(self) -> None:
         """EXPLAIN ANALYZE of our statement and of design (b), for the first target's paraphrase."""
@@ -975,6 +1265,8 @@ def print_report(r: Report) -> None:
             res.note,
         )
     console.print(table)
+    if r.mcp:
+        print_mcp(r.mcp)
 
     other = Table(title="Store latency, memory, sizes")
     other.add_column("measure")
@@ -997,6 +1289,17 @@ def print_report(r: Report) -> None:
     for name, plan in r.plans.items():
         console.rule(f"EXPLAIN ANALYZE: {name}")
         console.print(plan, highlight=False, markup=False)
+
+
+def print_mcp(mcp: dict[str, Any]) -> None:
+    call, opened = mcp["call_ms"], mcp["session_open_ms"]
+    console.print(
+        f"MCP row: {mcp['server']}; {mcp['client']} ({mcp['sessions']} sessions, {mcp['tokens']} tokens, "
+        f"{mcp['warm_up_calls']} warm-up calls). Recall latency through MCP p50 {call['p50']:.2f} / p95 "
+        f"{call['p95']:.2f} / p99 {call['p99']:.2f} ms over {mcp['calls_timed']} calls. Timed: {mcp['timed']} "
+        f"Session open: p50 {opened['p50']:.2f} / p95 {opened['p95']:.2f} / p99 {opened['p99']:.2f} ms.",
+        highlight=False,
+    )
 
 
 def write_plot(r: Report, path: Path) -> None:
@@ -1054,6 +1357,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Params, argparse.Namespac
     parser.add_argument(
         "--skip-hnsw", action="store_true", help="no HNSW index and no (b) designs (the build dominates at 1M chunks)"
     )
+    parser.add_argument(
+        "--no-mcp", action="store_true", help="skip recall through the MCP server (and its in-process baseline)"
+    )
     args = parser.parse_args(argv)
     if args.chunks < 1 or args.assignments < 1 or args.facts_per_assignment < 1:
         parser.error("--chunks, --assignments and --facts-per-assignment must be positive")
@@ -1090,6 +1396,8 @@ def main(argv: list[str] | None = None) -> int:
             bench.build()
             bench.store_targets()
             bench.run_designs("exact")
+            if not args.no_mcp:
+                bench.run_mcp()
             if not args.skip_hnsw:
                 bench.create_hnsw()
                 bench.run_designs("hnsw")
@@ -1115,5 +1423,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    """Turn SIGTERM into SystemExit, so the cleanup (server process, schema, embedded database) runs."""
+    raise SystemExit(128 + signum)
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     sys.exit(main())

@@ -19,15 +19,23 @@ unit vectors, bulk-loaded with ``COPY ... (FORMAT BINARY)``.
 A "top k over the whole table, then keep the assignment's rows" design finds (almost) none of
 the targets here; the scoped SQL finds all of them, never returns anything outside the scope, and
 gives the same answer on the 30th run of a prepared statement as on the first (generic-plan trap).
+
+The last tests are smoke tests of the benchmark ``benchmarks/scale.py`` at a tiny N (its own process and
+schema on the same database): its recall through a real ``osa-memory serve`` over MCP must find every
+target, report ordered latency percentiles, and leave no server process behind.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,7 +57,7 @@ from haystack_osa_memory.store.facts import (
     vector_literal,
 )
 from haystack_osa_memory.store.schema import ensure_schema
-from tests.conftest import drop_schema, new_schema_config
+from tests.conftest import REPO, drop_schema, new_schema_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.scale, pytest.mark.slow]
 
@@ -517,3 +525,67 @@ def test_naive_top_k_then_filter_misses_targets(kb: ScaledKb) -> None:
     print(f"found by top {K} then filter: {naive}; by the scoped query: {ours} (of {len(kb.targets)})")
     assert naive["lexical"] < ours["lexical"], naive
     assert naive["vector"] < ours["vector"], naive
+
+
+BENCHMARK = REPO / "benchmarks" / "scale.py"
+BENCH_QUERIES = 6
+BENCH_ARGS = [
+    "--chunks", "400", "--assignments", "8", "--facts-per-assignment", "3",
+    "--queries", str(BENCH_QUERIES), "--topics", "60", "--k", "5", "--skip-hnsw",
+]  # fmt: skip
+
+
+def _run_benchmark(pg_conn_str: str, out: Path, *extra: str) -> tuple[dict[str, Any], str]:
+    """(JSON report, stdout) of ``benchmarks/scale.py`` at a tiny N, in its own process."""
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARK), *BENCH_ARGS, "--json", str(out), *extra],
+        env={**os.environ, "PG_CONN_STR": pg_conn_str},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, f"scale.py failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    report: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    return report, done.stdout
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def test_benchmark_recalls_through_mcp(pg_conn_str: str, tmp_path: Path) -> None:
+    report, stdout = _run_benchmark(pg_conn_str, tmp_path / "scale.json")
+    rows = {(r["design"], r["side"]): r for r in report["results"]}
+    through_mcp = rows[("(c) ours, MCP kb_memory_recall (lexical)", "lexical")]
+    in_process = rows[("(c) ours, Memory.recall (lexical)", "lexical")]
+    for row in (through_mcp, in_process):
+        assert row["completeness"] == {"own": 100.0, "para": 100.0}, row
+        assert row["queries"] == 2 * BENCH_QUERIES
+        assert 1 <= row["returned"] <= 5
+        latency = row["latency_ms"]
+        assert 0 < latency["p50"] <= latency["p95"] <= latency["p99"], latency
+
+    mcp = report["mcp"]
+    assert mcp["tool"] == "kb_memory_recall"
+    assert "OSA_MEMORY_EMBEDDER=none" in mcp["server"]
+    assert mcp["tokens"] == mcp["sessions"] == BENCH_QUERIES  # one target per assignment, one session per token
+    assert mcp["calls_timed"] == 2 * BENCH_QUERIES
+    assert mcp["call_ms"] == through_mcp["latency_ms"]
+    opened = mcp["session_open_ms"]
+    assert 0 < opened["p50"] <= opened["p95"] <= opened["p99"], opened
+    assert not _process_exists(mcp["server_pid"]), "the benchmark left its MCP server running"
+    assert "Recall latency through MCP p50" in stdout
+
+
+def test_benchmark_without_mcp(pg_conn_str: str, tmp_path: Path) -> None:
+    report, _ = _run_benchmark(pg_conn_str, tmp_path / "scale.json", "--no-mcp")
+    assert report["mcp"] == {}
+    assert not [r for r in report["results"] if "MCP" in r["design"] or r["design"].endswith("(lexical)")]
+    assert any(r["design"] == "(c) ours, Memory.recall (hybrid)" for r in report["results"])
