@@ -111,7 +111,7 @@ def test_recall_degrades_to_lexical(hybrid_config: MemoryConfig, minilm: tuple[A
 
 
 def test_vectors_are_stored_inline(pg_conn_str: str, hybrid_config: MemoryConfig, minilm: tuple[Any, Any]) -> None:
-    """A fact's vector stays in the chunk row (STORAGE MAIN), so recall reads it without a TOAST lookup."""
+    """A fact's chunk row stays whole (toast_tuple_target, STORAGE MAIN): recall reads it without TOAST lookups."""
     memory = Memory(hybrid_config, document_embedder=minilm[0], text_embedder=minilm[1])
     me = Caller(org_id="acme", assignment_id="asg-inline")
     # text + metadata + a 384-d vector exceed PostgreSQL's 2 kB TOAST threshold
@@ -119,18 +119,20 @@ def test_vectors_are_stored_inline(pg_conn_str: str, hybrid_config: MemoryConfig
     names = {"schema": sql.Identifier(hybrid_config.kb_schema), "chunk": sql.Identifier(hybrid_config.chunk_table)}
     with psycopg.connect(pg_conn_str) as conn:
         storage = conn.execute(
-            "SELECT attstorage FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'embedding'",
+            "SELECT a.attstorage, c.reloptions FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+            " WHERE a.attrelid = %s::regclass AND a.attname = 'embedding'",
             (f'"{hybrid_config.kb_schema}"."{hybrid_config.chunk_table}"',),
         ).fetchone()
         row = conn.execute(
-            sql.SQL("SELECT pg_column_size(c.*), pg_column_toast_chunk_id(c.embedding) FROM {schema}.{chunk} c").format(
-                **names
-            )
+            sql.SQL(
+                "SELECT pg_column_size(c.*), pg_column_toast_chunk_id(c.embedding),"
+                " pg_column_toast_chunk_id(c.content), pg_column_toast_chunk_id(c.meta) FROM {schema}.{chunk} c"
+            ).format(**names)
         ).fetchone()
-    assert storage == ("m",)
+    assert storage == ("m", ["toast_tuple_target=4080"])
     assert row is not None
-    assert row[0] > 2032  # the row is over the threshold ...
-    assert row[1] is None  # ... and still the vector was not moved out of line
+    assert row[0] > 2032  # the row is over PostgreSQL's default TOAST threshold ...
+    assert row[1:] == (None, None, None)  # ... and still nothing was moved out of line
 
 
 def test_guarded_embedding_is_an_array_that_copies_cheaply(minilm: tuple[Any, Any]) -> None:
