@@ -16,7 +16,8 @@ import logging
 import os
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -242,6 +243,24 @@ class _MiniLMBackend:
         return vectors
 
 
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Loading and tracing print a weight-loading progress bar and "`loss_type=None` was set in the
+    config but it is unrecognized" (a training setting, read while tracing): noise in a server log."""
+    from transformers.utils import logging as transformers_logging
+
+    verbosity = transformers_logging.get_verbosity()
+    bars = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    try:
+        yield
+    finally:
+        if bars:
+            transformers_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+        transformers_logging.set_verbosity(verbosity)
+
+
 _BACKENDS: dict[str, _MiniLMBackend] = {}
 _BACKENDS_LOCK = threading.Lock()
 
@@ -252,7 +271,8 @@ def _backend(model: str) -> _MiniLMBackend:
     with _BACKENDS_LOCK:
         backend = _BACKENDS.get(key)
         if backend is None:
-            backend = _MiniLMBackend(Path(key))
+            with _quiet_transformers():
+                backend = _MiniLMBackend(Path(key))
             _BACKENDS[key] = backend
         return backend
 
