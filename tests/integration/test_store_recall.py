@@ -330,3 +330,72 @@ def test_precomputed_terms_rank_exactly_like_recomputed_ones(
         conn.execute(sql.SQL("DELETE FROM {}.osa_fact_terms").format(sql.Identifier(config.kb_schema)))
     without = memory.recall("queue worker restarts", limit=10, caller=alice)["facts"]
     assert [(f["document_id"], f["score"]) for f in with_terms] == [(f["document_id"], f["score"]) for f in without]
+
+
+def _fact_rows(
+    config: MemoryConfig, texts: list[str], assignment_id: str, org_id: str = "acme"
+) -> list[tuple[dict[str, object], dict[str, object]]]:
+    """(governing row, chunk) pairs as the store pipeline hands them to FactRepository.write."""
+    items: list[tuple[dict[str, object], dict[str, object]]] = []
+    for text in texts:
+        marked = add_marker(text, assignment_id)
+        digest = content_hash(marked)
+        doc_id = document_id(org_id, config.dataset, digest)
+        meta = {"assignment_id": assignment_id}
+        row = {
+            "id": doc_id,
+            "org_id": org_id,
+            "specialist_id": None,
+            "dataset": config.dataset,
+            "source": "agent_fact",
+            "audience": "ai_internal",
+            "status": config.admitted_statuses[0],
+            "content_hash": digest,
+            "title": None,
+            "metadata": meta,
+        }
+        chunk = {"id": doc_id, "embedding": None, "content": marked, "meta": {"document_id": doc_id}}
+        items.append((row, chunk))
+    return items
+
+
+class TestBatchWrite:
+    """FactRepository.write sends a batch as one pipelined executemany: all of it, or nothing."""
+
+    def test_batch_is_written_whole_with_one_audit_row_per_fact(self, pg_conn_str: str, config: MemoryConfig) -> None:
+        from haystack_osa_memory.store.facts import FactRepository
+
+        repo = FactRepository(pg_conn_str, config)
+        items = _fact_rows(config, [f"Batch fact number {i} about the deploy queue" for i in range(5)], "asg-alpha")
+        written = repo.write(items, audit={"actor": "tester", "action": "import"})
+        assert written == [row["id"] for row, _ in items]
+        counts = row_counts(pg_conn_str, config)
+        assert (counts["org_documents"], counts["haystack_documents"], counts["osa_fact_terms"]) == (5, 5, 5)
+        with psycopg.connect(pg_conn_str) as conn:
+            audit = conn.execute(
+                sql.SQL("SELECT action, actor, assignment_id, details FROM {}.audit ORDER BY id").format(
+                    sql.Identifier(config.memory_schema)
+                )
+            ).fetchall()
+        assert audit == [("import", "tester", "asg-alpha", {"status": "approved", "kind": None})] * 5
+        # the same batch again upserts in place
+        assert repo.write(items) == written
+        assert row_counts(pg_conn_str, config)["org_documents"] == 5
+
+    def test_a_refused_fact_leaves_the_whole_batch_unwritten(self, pg_conn_str: str, config: MemoryConfig) -> None:
+        from haystack_osa_memory.store.facts import FactRepository
+
+        repo = FactRepository(pg_conn_str, config)
+        (taken,) = _fact_rows(config, ["A fact of the beta assignment"], "asg-beta")
+        repo.write([taken])
+        before = row_counts(pg_conn_str, config)
+        items = _fact_rows(config, ["First alpha fact", "Second alpha fact"], "asg-alpha")
+        # a third row claiming beta's document id for alpha's bytes: the upsert's scope check refuses it
+        forged_row = {**taken[0], "metadata": {"assignment_id": "asg-alpha"}}
+        items.append((forged_row, {**taken[1], "content": add_marker("forged", "asg-alpha")}))
+        with pytest.raises(DatabaseError, match="belongs to another document"):
+            repo.write(items, audit={"actor": "tester", "action": "import"})
+        assert row_counts(pg_conn_str, config) == before  # audit included: one schema here
+        chunk = _chunk(pg_conn_str, config, str(taken[0]["id"]))
+        assert chunk is not None
+        assert chunk[0] == taken[1]["content"]  # beta's fact untouched
