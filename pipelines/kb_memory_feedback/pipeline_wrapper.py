@@ -2,25 +2,20 @@
 
 from typing import Annotated, Any, Literal
 
-from hayhooks import BasePipelineWrapper
 from pydantic import Field
 from starlette.datastructures import Headers
 
-from haystack_osa_memory import shared_memory
 from haystack_osa_memory.auth import caller_for
+from haystack_osa_memory.tool_wrapper import AssignmentArgument, MemoryToolWrapper
 
 
-class PipelineWrapper(BasePipelineWrapper):
-    def setup(self) -> None:
-        self.memory = shared_memory()
-        self.memory.warm_up()
-
+class PipelineWrapper(MemoryToolWrapper):
     def run_api(
         self,
         document_id: Annotated[str, Field(min_length=64, max_length=64)],
         verdict: Literal["confirm", "flag"],
         note: Annotated[str | None, Field(min_length=1, max_length=500)] = None,
-        assignment: Annotated[str | None, Field(min_length=1, max_length=128)] = None,
+        assignment: AssignmentArgument = None,
         headers: Headers | None = None,
     ) -> dict[str, Any]:
         """Confirm a fact that proved right, or flag one that proved wrong; one vote per run and fact.

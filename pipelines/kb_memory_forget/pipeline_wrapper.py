@@ -2,24 +2,19 @@
 
 from typing import Annotated, Any
 
-from hayhooks import BasePipelineWrapper
 from pydantic import Field
 from starlette.datastructures import Headers
 
-from haystack_osa_memory import shared_memory
 from haystack_osa_memory.auth import caller_for
+from haystack_osa_memory.tool_wrapper import AssignmentArgument, MemoryToolWrapper
 
 
-class PipelineWrapper(BasePipelineWrapper):
-    def setup(self) -> None:
-        self.memory = shared_memory()
-        self.memory.warm_up()
-
+class PipelineWrapper(MemoryToolWrapper):
     def run_api(
         self,
         document_id: Annotated[str, Field(min_length=64, max_length=64)],
         reason: Annotated[str, Field(min_length=1, max_length=500)],
-        assignment: Annotated[str | None, Field(min_length=1, max_length=128)] = None,
+        assignment: AssignmentArgument = None,
         headers: Headers | None = None,
     ) -> dict[str, Any]:
         """Retract a fact of this assignment for good: it is never recalled, read or listed again.

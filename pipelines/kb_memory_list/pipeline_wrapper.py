@@ -2,25 +2,20 @@
 
 from typing import Annotated, Any, Literal
 
-from hayhooks import BasePipelineWrapper
 from pydantic import Field
 from starlette.datastructures import Headers
 
-from haystack_osa_memory import shared_memory
 from haystack_osa_memory.auth import caller_for
+from haystack_osa_memory.tool_wrapper import AssignmentArgument, MemoryToolWrapper
 
 
-class PipelineWrapper(BasePipelineWrapper):
-    def setup(self) -> None:
-        self.memory = shared_memory()
-        self.memory.warm_up()
-
+class PipelineWrapper(MemoryToolWrapper):
     def run_api(
         self,
         status: Literal["approved", "proposed", "flagged", "rejected"] | None = None,
         topic: Annotated[str | None, Field(min_length=1, max_length=120)] = None,
         cursor: Annotated[str | None, Field(min_length=1, max_length=500)] = None,
-        assignment: Annotated[str | None, Field(min_length=1, max_length=128)] = None,
+        assignment: AssignmentArgument = None,
         headers: Headers | None = None,
     ) -> dict[str, Any]:
         """List this assignment's facts, 20 per page, oldest first; pass next_cursor back for the next page.

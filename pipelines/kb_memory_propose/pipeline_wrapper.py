@@ -2,21 +2,19 @@
 
 from typing import Annotated, Any, Literal
 
-from hayhooks import BasePipelineWrapper
 from pydantic import Field
 from starlette.datastructures import Headers
 
-from haystack_osa_memory import shared_memory
 from haystack_osa_memory.auth import caller_for
+from haystack_osa_memory.tool_wrapper import AssignmentArgument, MemoryToolWrapper
 
 Path = Annotated[str, Field(min_length=1, max_length=300)]
 Persona = Annotated[str, Field(min_length=1, max_length=60)]
 
 
-class PipelineWrapper(BasePipelineWrapper):
+class PipelineWrapper(MemoryToolWrapper):
     def setup(self) -> None:
-        self.memory = shared_memory()
-        self.memory.warm_up()
+        super().setup()
         self.pipeline = self.memory.store_pipeline
 
     def run_api(
@@ -28,7 +26,7 @@ class PipelineWrapper(BasePipelineWrapper):
         personas: Annotated[
             list[Annotated[str, Field(min_length=1, max_length=60)]] | None, Field(max_length=10)
         ] = None,
-        assignment: Annotated[str | None, Field(min_length=1, max_length=128)] = None,
+        assignment: AssignmentArgument = None,
         headers: Headers | None = None,
     ) -> dict[str, Any]:
         """Propose knowledge for this assignment; it is recalled only after a human accepts it.

@@ -2,25 +2,23 @@
 
 from typing import Annotated, Any
 
-from hayhooks import BasePipelineWrapper
 from pydantic import Field
 from starlette.datastructures import Headers
 
-from haystack_osa_memory import shared_memory
 from haystack_osa_memory.auth import caller_for
+from haystack_osa_memory.tool_wrapper import AssignmentArgument, MemoryToolWrapper
 
 
-class PipelineWrapper(BasePipelineWrapper):
+class PipelineWrapper(MemoryToolWrapper):
     def setup(self) -> None:
-        self.memory = shared_memory()
-        self.memory.warm_up()
+        super().setup()
         self.pipeline = self.memory.recall_pipeline
 
     def run_api(
         self,
         query: Annotated[str, Field(min_length=1, max_length=1000)],
         limit: Annotated[int, Field(ge=1, le=20)] = 8,
-        assignment: Annotated[str | None, Field(min_length=1, max_length=128)] = None,
+        assignment: AssignmentArgument = None,
         headers: Headers | None = None,
     ) -> dict[str, Any]:
         """Recall facts stored earlier in the memory of the assignment you are working on, best match first.

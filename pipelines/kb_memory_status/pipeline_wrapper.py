@@ -1,23 +1,17 @@
 """MCP tool `kb_memory_status`: health of the memory for this caller."""
 
-from typing import Annotated, Any
+from typing import Any
 
-from hayhooks import BasePipelineWrapper
-from pydantic import Field
 from starlette.datastructures import Headers
 
-from haystack_osa_memory import shared_memory
 from haystack_osa_memory.auth import caller_for
+from haystack_osa_memory.tool_wrapper import AssignmentArgument, MemoryToolWrapper
 
 
-class PipelineWrapper(BasePipelineWrapper):
-    def setup(self) -> None:
-        self.memory = shared_memory()
-        self.memory.warm_up()
-
+class PipelineWrapper(MemoryToolWrapper):
     def run_api(
         self,
-        assignment: Annotated[str | None, Field(min_length=1, max_length=128)] = None,
+        assignment: AssignmentArgument = None,
         headers: Headers | None = None,
     ) -> dict[str, Any]:
         """Report the memory's health: database state, pending buffered facts, embedder, your scope and its size.

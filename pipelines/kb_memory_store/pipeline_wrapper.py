@@ -2,18 +2,16 @@
 
 from typing import Annotated, Any, Literal
 
-from hayhooks import BasePipelineWrapper
 from pydantic import Field
 from starlette.datastructures import Headers
 
-from haystack_osa_memory import shared_memory
 from haystack_osa_memory.auth import caller_for
+from haystack_osa_memory.tool_wrapper import AssignmentArgument, MemoryToolWrapper
 
 
-class PipelineWrapper(BasePipelineWrapper):
+class PipelineWrapper(MemoryToolWrapper):
     def setup(self) -> None:
-        self.memory = shared_memory()
-        self.memory.warm_up()
+        super().setup()
         self.pipeline = self.memory.store_pipeline
 
     def run_api(
@@ -22,7 +20,7 @@ class PipelineWrapper(BasePipelineWrapper):
         topic: Annotated[str | None, Field(min_length=1, max_length=120)] = None,
         kind: Literal["fact", "procedure", "pitfall", "preference", "reference"] = "fact",
         ttl_days: Annotated[int | None, Field(ge=1, le=3650)] = None,
-        assignment: Annotated[str | None, Field(min_length=1, max_length=128)] = None,
+        assignment: AssignmentArgument = None,
         headers: Headers | None = None,
     ) -> dict[str, Any]:
         """Store a durable fact in the memory of the assignment you are working on, for later sessions.
