@@ -230,11 +230,7 @@ class OursSide:
             """SELECT count(DISTINCT g.id), count(c.id)
             FROM {schema}.{gov} g LEFT JOIN {schema}.{chunk} c ON c.meta->>'document_id' = g.id
             WHERE g.org_id = %s AND g.metadata->>'assignment_id' = %s"""
-        ).format(
-            schema=sql.Identifier(self.schema),
-            gov=sql.Identifier(self.config.governing_table),
-            chunk=sql.Identifier(self.config.chunk_table),
-        )
+        ).format(**self.config.sql_names())
         with psycopg.connect(self.conn_str, prepare_threshold=None) as conn:
             row = conn.execute(query, (ORG, scope)).fetchone()
         governing, chunks = (int(row[0]), int(row[1])) if row else (0, 0)
@@ -250,11 +246,7 @@ class OursSide:
 
     def add_background(self, scopes: list[str], copies: int) -> int:
         """``copies`` copies of every fact of ``scopes`` in other scopes (``bg<n>-<scope>``), written in SQL."""
-        names = {
-            "schema": sql.Identifier(self.schema),
-            "gov": sql.Identifier(self.config.governing_table),
-            "chunk": sql.Identifier(self.config.chunk_table),
-        }
+        names = self.config.sql_names()
         copy_governing = sql.SQL(
             """INSERT INTO {schema}.{gov} (id, org_id, specialist_id, dataset, source, audience, status,
                 content_hash, title, metadata, created_at, updated_at)

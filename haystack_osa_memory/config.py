@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
+from psycopg import sql
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from haystack_osa_memory.errors import ConfigurationError
@@ -94,6 +95,16 @@ class MemoryConfig(BaseModel):
     def offline_buffer_path(self) -> Path:
         """Where facts wait while the database is unreachable (default: `<data_dir>/offline-buffer.jsonl`)."""
         return self.buffer_path or self.data_dir / "offline-buffer.jsonl"
+
+    def sql_names(self) -> dict[str, sql.Identifier]:
+        """The configured schemas and tables as SQL identifiers, keyed as our statements name them:
+        `schema` (knowledge base), `gov` (governing table), `chunk` (chunk table), `mem` (memory schema)."""
+        return {
+            "schema": sql.Identifier(self.kb_schema),
+            "gov": sql.Identifier(self.governing_table),
+            "chunk": sql.Identifier(self.chunk_table),
+            "mem": sql.Identifier(self.memory_schema),
+        }
 
     @field_validator("kb_schema", "chunk_table", "governing_table", "memory_schema", "language")
     @classmethod

@@ -233,12 +233,7 @@ class FactRepository:
     def __init__(self, conn_str: str, config: MemoryConfig) -> None:
         self.conn_str = conn_str
         self.config = config
-        names = {
-            "schema": sql.Identifier(config.kb_schema),
-            "gov": sql.Identifier(config.governing_table),
-            "chunk": sql.Identifier(config.chunk_table),
-            "mem": sql.Identifier(config.memory_schema),
-        }
+        names = config.sql_names()
         self._upsert_row = UPSERT_GOVERNING_ROW.format(**names)
         self._candidates = SCOPED_CANDIDATES.format(**names)
         self._governing_rows = GOVERNING_ROWS.format(**names)
@@ -354,11 +349,7 @@ COUNT_FACTS = sql.SQL(
 
 def count_facts(conn_str: str, config: MemoryConfig) -> dict[str, int]:
     """Facts, assignments with facts, governing rows and chunks in the knowledge base."""
-    query = COUNT_FACTS.format(
-        schema=sql.Identifier(config.kb_schema),
-        gov=sql.Identifier(config.governing_table),
-        chunk=sql.Identifier(config.chunk_table),
-    )
+    query = COUNT_FACTS.format(**config.sql_names())
     with transaction(conn_str, config) as conn:
         row = conn.execute(query, {"source": FACT_SOURCE}).fetchone()
     assert row is not None

@@ -112,7 +112,7 @@ COUNT_SCOPE = sql.SQL(
 
 def count_scope_statement(config: MemoryConfig) -> sql.Composed:
     """The count of approved facts in one scope (used by the status probe)."""
-    return COUNT_SCOPE.format(schema=sql.Identifier(config.kb_schema), gov=sql.Identifier(config.governing_table))
+    return COUNT_SCOPE.format(**config.sql_names())
 
 
 REFLECT_CANDIDATES = sql.SQL(
@@ -213,13 +213,7 @@ class LifecycleRepository:
     def __init__(self, conn_str: str, config: MemoryConfig) -> None:
         self.conn_str = conn_str
         self.config = config
-        names = {
-            "schema": sql.Identifier(config.kb_schema),
-            "gov": sql.Identifier(config.governing_table),
-            "chunk": sql.Identifier(config.chunk_table),
-            "mem": sql.Identifier(config.memory_schema),
-            "scoped": _SCOPED,
-        }
+        names = {**config.sql_names(), "scoped": _SCOPED}
         self._q = {name: statement.format(**names) for name, statement in _STATEMENTS.items()}
 
     # -- helpers ---------------------------------------------------------------------------------

@@ -116,7 +116,7 @@ def test_vectors_are_stored_inline(pg_conn_str: str, hybrid_config: MemoryConfig
     me = Caller(org_id="acme", assignment_id="asg-inline")
     # text + metadata + a 384-d vector exceed PostgreSQL's 2 kB TOAST threshold
     memory.store("The release checklist lives in the ops wiki. " * 12, caller=me, topic="release")
-    names = {"schema": sql.Identifier(hybrid_config.kb_schema), "chunk": sql.Identifier(hybrid_config.chunk_table)}
+    names = hybrid_config.sql_names()
     with psycopg.connect(pg_conn_str) as conn:
         storage = conn.execute(
             "SELECT a.attstorage, c.reloptions FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"

@@ -265,11 +265,7 @@ def _bulk_load(conn_str: str, config: MemoryConfig, targets: list[Target], rng: 
     vectors[in_cluster] = query_vectors[clusters[in_cluster]] + DISTRACTOR_NOISE * vectors[in_cluster]
     vectors = _unit(vectors)
 
-    names = {
-        "schema": sql.Identifier(config.kb_schema),
-        "gov": sql.Identifier(config.governing_table),
-        "chunk": sql.Identifier(config.chunk_table),
-    }
+    names = config.sql_names()
     copy_gov = sql.SQL(
         "COPY {schema}.{gov} (id, org_id, specialist_id, dataset, source, audience, status, content_hash, title, "
         "metadata) FROM STDIN"
@@ -432,11 +428,7 @@ def test_repeated_query_on_one_pooled_connection_does_not_degrade(kb: ScaledKb) 
     from the first run, so the query shape itself is shown to be safe, not just the pool setting.
     """
     t = kb.targets[7]
-    query = SCOPED_CANDIDATES.format(
-        schema=sql.Identifier(kb.config.kb_schema),
-        gov=sql.Identifier(kb.config.governing_table),
-        chunk=sql.Identifier(kb.config.chunk_table),
-    )
+    query = SCOPED_CANDIDATES.format(**kb.config.sql_names())
     params = {
         "org_id": TARGET.org_id,
         "assignment_id": TARGET.assignment_id,
@@ -481,11 +473,7 @@ def test_repeated_query_on_one_pooled_connection_does_not_degrade(kb: ScaledKb) 
 
 def test_naive_top_k_then_filter_misses_targets(kb: ScaledKb) -> None:
     """The flaw we avoid: rank the WHOLE chunk table, take top k, then keep the assignment's rows."""
-    names = {
-        "schema": sql.Identifier(kb.config.kb_schema),
-        "gov": sql.Identifier(kb.config.governing_table),
-        "chunk": sql.Identifier(kb.config.chunk_table),
-    }
+    names = kb.config.sql_names()
     naive_lexical = sql.SQL(
         """SELECT c.meta->>'document_id' FROM {schema}.{chunk} c
         WHERE to_tsvector('english', c.content) @@ plainto_tsquery('english', %(q)s)
