@@ -335,28 +335,19 @@ def test_precomputed_terms_rank_exactly_like_recomputed_ones(
 def _fact_rows(
     config: MemoryConfig, texts: list[str], assignment_id: str, org_id: str = "acme"
 ) -> list[tuple[dict[str, object], dict[str, object]]]:
-    """(governing row, chunk) pairs as the store pipeline hands them to FactRepository.write."""
-    items: list[tuple[dict[str, object], dict[str, object]]] = []
-    for text in texts:
-        marked = add_marker(text, assignment_id)
-        digest = content_hash(marked)
-        doc_id = document_id(org_id, config.dataset, digest)
-        meta = {"assignment_id": assignment_id}
-        row = {
-            "id": doc_id,
-            "org_id": org_id,
-            "specialist_id": None,
-            "dataset": config.dataset,
-            "source": "agent_fact",
-            "audience": "ai_internal",
-            "status": config.admitted_statuses[0],
-            "content_hash": digest,
-            "title": None,
-            "metadata": meta,
-        }
-        chunk = {"id": doc_id, "embedding": None, "content": marked, "meta": {"document_id": doc_id}}
-        items.append((row, chunk))
-    return items
+    """(governing row, chunk) pairs as GovernedFactWriter hands them to FactRepository.write."""
+    from haystack import Document
+
+    from haystack_osa_memory import ScopeMarkerWriter
+
+    marked = ScopeMarkerWriter(dataset=config.dataset, status=config.admitted_statuses[0]).run(
+        documents=[Document(content=text) for text in texts], org_id=org_id, assignment_id=assignment_id
+    )
+    rows = {row["id"]: row for row in marked["governing_rows"]}
+    return [
+        (rows[doc.id], {"id": doc.id, "content": doc.content, "embedding": None, "meta": doc.meta})
+        for doc in marked["documents"]
+    ]
 
 
 class TestBatchWrite:
