@@ -8,7 +8,7 @@ Usage::
 configuration); this script scores dozens of ideas in a few minutes to find which ones are worth
 that. Tokens come from PostgreSQL's own ``to_tsvector`` (``PG_CONN_STR`` or an embedded server),
 embeddings from the package's MiniLM embedders, and BM25 / cosine / fusion are computed exactly
-as ``SCOPED_CANDIDATES`` + ``ScopedMemoryRetriever`` (with and without the context window)
+as ``rank_scope`` + ``ScopedMemoryRetriever`` (with and without the context window)
 compute them, over every fact of the conversation. On locomo_dev.json the replica gives the same
 recall as the harness (lexical R@5 0.587 vs 0.586, RRF 0.513 vs 0.514: order of tied scores only).
 """

@@ -68,8 +68,9 @@ server is stopped (SIGTERM, then SIGKILL after 15 s) when the measurement ends, 
   pgvector-haystack filter; the benchmark copies ``assignment_id`` into the chunk ``meta`` for
   this, ``Memory.store`` does not write it there) with an HNSW index, with pgvector's default scan
   and with ``hnsw.iterative_scan = relaxed_order``.
-- (c) *ours*: ``FactRepository.scoped_candidates`` (scope applied in SQL, BM25 and exact vector
-  distance over the scope's rows only), and the full ``Memory.recall`` pipeline (hybrid, fused).
+- (c) *ours*: ``FactRepository.scoped_candidates`` (the scope applied in SQL, the scope's rows
+  ranked by BM25 and exact vector distance, the text of the ranked facts fetched), and the full
+  ``Memory.recall`` pipeline (hybrid, fused).
 
 Order of a run: bulk load, ANALYZE, store the targets, measure the designs that need no vector
 index, lexical recall in process and through MCP (server started and stopped), build the HNSW index
@@ -126,7 +127,7 @@ from haystack_osa_memory.markers import add_marker, content_hash, document_id
 from haystack_osa_memory.store.facts import (
     FACT_AUDIENCE,
     FACT_SOURCE,
-    SCOPED_CANDIDATES,
+    SCOPE_ROWS,
     FactRepository,
     vector_literal,
 )
@@ -1149,7 +1150,7 @@ class Bench:
         """EXPLAIN ANALYZE of our statement and of design (b), for the first target's paraphrase."""
         t = self.targets[0]
         text, vector = t.query("para")
-        ours = SCOPED_CANDIDATES.format(schema=self.names["schema"], gov=self.names["gov"], chunk=self.names["chunk"])
+        ours = SCOPE_ROWS.format(**self.names)
         params = {
             "org_id": t.caller.org_id,
             "assignment_id": t.caller.assignment_id,
@@ -1158,9 +1159,6 @@ class Bench:
             "language": self.config.language,
             "query": text,
             "embedding": vector_literal(vector.tolist()),
-            "k": self.p.k,
-            "k1": 1.2,
-            "b": 0.75,
         }
         where = {"v": vector_literal(vector.tolist()), "asg": t.caller.assignment_id, "k": self.p.k}
         for name, statement, args in (

@@ -13,6 +13,7 @@ from haystack_osa_memory.errors import ConfigurationError
 from haystack_osa_memory.markers import IDENTIFIER_PATTERN
 
 EmbedderChoice = Literal["auto", "none", "minilm"]
+Precision = Literal["float32", "int8"]
 
 #: Environment variable -> setting name. Documented one by one in docs/configuration.md.
 ENVIRONMENT: dict[str, str] = {
@@ -26,6 +27,7 @@ ENVIRONMENT: dict[str, str] = {
     "OSA_MEMORY_LANGUAGE": "language",
     "OSA_MEMORY_EMBEDDER": "embedder",
     "OSA_MEMORY_EMBEDDER_TIMEOUT": "embedder_timeout",
+    "OSA_MEMORY_QUERY_PRECISION": "query_precision",
     "OSA_MEMORY_DATASET": "dataset",
     "OSA_MEMORY_STATEMENT_TIMEOUT_MS": "statement_timeout_ms",
     "OSA_MEMORY_POOL_TIMEOUT": "pool_timeout",
@@ -67,6 +69,7 @@ class MemoryConfig(BaseModel):
     language: str = "english"
     embedder: EmbedderChoice = "auto"
     embedder_timeout: float = Field(default=5.0, gt=0, le=120)
+    query_precision: Precision = "int8"
     dataset: str = "osa-memory"
     admitted_statuses: tuple[str, ...] = ("approved",)
     statement_timeout_ms: int = Field(default=15000, ge=100, le=600000)

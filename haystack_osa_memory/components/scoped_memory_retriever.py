@@ -10,14 +10,13 @@ from haystack.utils import Secret, deserialize_secrets_inplace
 
 from haystack_osa_memory.components._kb import KnowledgeBaseSettings
 from haystack_osa_memory.markers import check_identifier
-from haystack_osa_memory.store.facts import FACT_AUDIENCE, Candidate, FactRepository
+from haystack_osa_memory.store.facts import FACT_AUDIENCE, FactRepository, ScopeHit
 
 Fusion = Literal["convex", "rrf", "lexical_first"]
 
 
-def _is_stale(metadata: dict[str, Any], now_iso: str) -> bool:
-    expires = metadata.get("expires_at")
-    return isinstance(expires, str) and expires <= now_iso
+def _is_stale(expires_at: object, now_iso: str) -> bool:
+    return isinstance(expires_at, str) and expires_at <= now_iso
 
 
 _FUSIONS = ("convex", "rrf", "lexical_first")
@@ -145,7 +144,7 @@ class ScopedMemoryRetriever(KnowledgeBaseSettings):
         deserialize_secrets_inplace(data["init_parameters"], keys=["connection_string"])
         return default_from_dict(cls, data)
 
-    def _fuse(self, candidates: list[Candidate], hybrid: bool) -> list[tuple[Candidate, float]]:
+    def _fuse(self, candidates: list[ScopeHit], hybrid: bool) -> list[tuple[ScopeHit, float]]:
         if not hybrid:
             ranked = [c for c in candidates if c.lex_rank is not None]
             ranked.sort(key=lambda c: c.lex_rank or 0)
@@ -195,36 +194,50 @@ class ScopedMemoryRetriever(KnowledgeBaseSettings):
         self.warm_up()
         assert self._repo is not None
         hybrid = query_embedding is not None
-        candidates = self._repo.scoped_candidates(
-            org_id=org_id,
-            assignment_id=assignment_id,
-            query=query,
-            embedding=query_embedding,
-            k=max(self.candidate_k, k),
-            audiences=(FACT_AUDIENCE,),
-            statuses=self.admitted_statuses,
-            k1=self.bm25_k1,
-            b=self.bm25_b,
-            window=self.context_window,
-            lex_ctx=self.lexical_context_weight,
-            vec_ctx=self.vector_context_weight,
-            lex_share=self.lexical_weight / (self.lexical_weight + self.vector_weight),
-        )
-        now = datetime.now(UTC).isoformat()
-        fused = self._fuse(candidates, hybrid)
-        # Facts past their time to live are kept, marked stale and ranked below every fresh one.
-        fused.sort(key=lambda pair: _is_stale(pair[0].metadata, now))
+        with self._repo.reading() as conn:
+            hits = self._repo.scope_hits(
+                org_id=org_id,
+                assignment_id=assignment_id,
+                audiences=(FACT_AUDIENCE,),
+                query=query,
+                embedding=query_embedding,
+                k=max(self.candidate_k, k),
+                statuses=self.admitted_statuses,
+                k1=self.bm25_k1,
+                b=self.bm25_b,
+                window=self.context_window,
+                lex_ctx=self.lexical_context_weight,
+                vec_ctx=self.vector_context_weight,
+                lex_share=self.lexical_weight / (self.lexical_weight + self.vector_weight),
+                conn=conn,
+            )
+            now = datetime.now(UTC).isoformat()
+            fused = self._fuse(hits, hybrid)
+            # Facts past their time to live are kept, marked stale and ranked below every fresh one.
+            fused.sort(key=lambda pair: _is_stale(pair[0].expires_at, now))
+            scores = {hit.document_id: score for hit, score in fused[:k]}
+            # Text and metadata only for the facts returned (the scope is checked again while fetching them).
+            top = self._repo.candidates(
+                [hit for hit, _ in fused[:k]],
+                org_id=org_id,
+                assignment_id=assignment_id,
+                audiences=(FACT_AUDIENCE,),
+                statuses=self.admitted_statuses,
+                conn=conn,
+            )
         documents = []
-        for cand, score in fused[:k]:
+        for cand in top:
             meta = {
                 "document_id": cand.document_id,
                 "topic": cand.metadata.get("topic"),
                 "kind": cand.metadata.get("kind", "fact"),
-                "stale": _is_stale(cand.metadata, now),
+                "stale": _is_stale(cand.metadata.get("expires_at"), now),
                 "stored_at": cand.updated_at.isoformat(),
                 "created_at": cand.created_at.isoformat(),
                 "lexical_rank": cand.lex_rank,
                 "vector_rank": cand.vec_rank,
             }
-            documents.append(Document(id=cand.document_id, content=cand.content, meta=meta, score=score))
+            documents.append(
+                Document(id=cand.document_id, content=cand.content, meta=meta, score=scores[cand.document_id])
+            )
         return {"documents": documents, "mode": "hybrid" if hybrid else "lexical"}

@@ -1,26 +1,30 @@
 """Governed facts: atomic writes of governing row + chunk, scoped candidate search, ACL lookups.
 
-The scope is applied inside the SQL: the candidate set is the caller's governing rows joined with
-their chunks (``scope`` CTE, ``MATERIALIZED`` so the planner cannot turn it into a filtered HNSW
-scan), and both rankings (lexical BM25 and exact vector distance) run over that set only. A huge
-knowledge base of closer matches therefore cannot crowd an assignment's facts out of the top k.
+The scope is applied inside the SQL: the scoped statement reads the caller's governing rows joined
+with their chunks (``s`` CTE, ``MATERIALIZED`` so the planner cannot turn it into a filtered HNSW
+scan), and both rankings (lexical BM25 and exact vector distance, `haystack_osa_memory.store.ranking`)
+run over those rows only. A huge knowledge base of closer matches therefore cannot crowd an
+assignment's facts out of the top k.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import psycopg
 from psycopg import sql
 
 from haystack_osa_memory.config import MemoryConfig
-from haystack_osa_memory.database import transaction
+from haystack_osa_memory.database import read, transaction
 from haystack_osa_memory.errors import DatabaseError
+from haystack_osa_memory.store.ranking import RankingParams, rank_scope
 
 FACT_SOURCE = "agent_fact"
 FACT_AUDIENCE = "ai_internal"
@@ -81,97 +85,61 @@ t AS (
 SELECT id, status FROM g"""
 )
 
-# Candidates of one scope. The scope (governing rows joined with their chunks) is materialised first;
-# everything after ranks that set only. Facts are placed in storing order (`seq`) and each fact is
-# scored with a context window: its BM25 also counts `lex_ctx` x the term frequencies and lengths of
-# the `window` facts stored before and after it, its cosine `vec_ctx` x theirs. The two sides are
-# fused by a convex combination of max-normalised scores (`lex_share`). Lexical statistics come from
-# osa_fact_terms (computed at write time) while the chunk is unchanged, else are recomputed.
-#
-# Cost: the scope carries no text and no vector. The cosine is computed while the scope is read
-# (each vector is read once), only facts holding a query term are unnested (`tsv @@ any term`), and
-# text, metadata and timestamps are fetched for the few ranked rows at the end.
-SCOPED_CANDIDATES = sql.SQL(
+# The rows of one scope, in storing order (`seq`): the caller's governing rows joined with their
+# chunks, and nothing else: there is no top-k before the scope is applied, so a huge knowledge base
+# of closer matches cannot crowd an assignment's facts out. For each fact it returns what ranking
+# needs (`haystack_osa_memory.store.ranking`): the cosine with the query (computed while the row is
+# read), the length in lexemes and, only for facts holding a query term (`tsv @@ any term`), the
+# positions of the query's lexemes it holds and how often. Lexical statistics come from
+# osa_fact_terms (computed at write time) while the chunk's content is unchanged, else are recomputed.
+# Text, metadata and timestamps are fetched afterwards for the few ranked facts (SCOPE_FACTS).
+SCOPE_ROWS = sql.SQL(
     """WITH p AS MATERIALIZED (
-    SELECT %(embedding)s::vector AS qv,
-           tsvector_to_array(to_tsvector(%(language)s::regconfig, %(query)s)) AS lexemes,
+    SELECT %(embedding)s::vector AS qv, q.lexemes, cardinality(q.lexemes) AS n_terms,
            nullif(replace(plainto_tsquery(%(language)s::regconfig, %(query)s)::text, ' & ', ' | '), '')::tsquery AS anyq
+    FROM (SELECT tsvector_to_array(to_tsvector(%(language)s::regconfig, %(query)s)) AS lexemes) q
 ),
-base AS MATERIALIZED (
-    SELECT s.document_id, s.chunk_id, s.cos,
-           row_number() OVER (ORDER BY s.seq, s.created_at, s.document_id)::int AS pos,
-           coalesce(t.tsv, (SELECT to_tsvector(%(language)s::regconfig,
-                                   regexp_replace(c.content, '^<!-- osa-memory:scope [^\n]* -->\n', ''))
-                            FROM {schema}.{chunk} c WHERE c.id = s.chunk_id)) AS tsv,
-           t.dl
-    FROM (
-        SELECT g.id AS document_id, g.seq, g.created_at, c.id AS chunk_id, md5(c.content) AS content_md5,
-               CASE WHEN p.qv IS NOT NULL AND c.embedding IS NOT NULL THEN 1 - (c.embedding <=> p.qv) END AS cos
-        FROM {schema}.{gov} g JOIN {schema}.{chunk} c ON c.meta->>'document_id' = g.id CROSS JOIN p
-        WHERE g.org_id = %(org_id)s
-          AND g.audience = ANY(%(audiences)s)
-          AND g.status = ANY(%(statuses)s)
-          AND g.metadata->>'assignment_id' = %(assignment_id)s
-        OFFSET 0
-    ) s LEFT JOIN {schema}.osa_fact_terms t
-        ON t.document_id = s.document_id AND t.language = %(language)s::text AND t.content_md5 = s.content_md5
-),
-docs AS MATERIALIZED (
-    SELECT pos, document_id, chunk_id, tsv, dl0 + %(lex_ctx)s * (sum(dl0) OVER fr - dl0) AS cdl,
-           CASE WHEN cos IS NOT NULL THEN cos + %(vec_ctx)s * (sum(cos) OVER fr - cos) END AS vec_score
-    FROM (
-        SELECT b.*, coalesce(b.dl, (SELECT coalesce(sum(coalesce(array_length(u.positions, 1), 1)), 0)
-                                    FROM unnest(b.tsv) u))::float8 AS dl0
-        FROM base b
-    ) x
-    WINDOW fr AS (ORDER BY pos RANGE BETWEEN %(window)s::int PRECEDING AND %(window)s::int FOLLOWING)
-),
-stats AS MATERIALIZED (SELECT count(*)::float8 AS n, greatest(avg(cdl), 1)::float8 AS avgdl FROM docs),
-matched AS MATERIALIZED (
-    SELECT d.pos, u.lexeme, coalesce(array_length(u.positions, 1), 1)::float8 AS tf
-    FROM docs d CROSS JOIN p, unnest(d.tsv) u
-    WHERE d.tsv @@ p.anyq AND u.lexeme = ANY (p.lexemes)
-),
-tf AS MATERIALIZED (
-    SELECT m.pos + o.off AS pos, m.lexeme,
-           sum(CASE WHEN o.off = 0 THEN 1.0 ELSE %(lex_ctx)s END * m.tf)::float8 AS tf
-    FROM matched m CROSS JOIN generate_series(-%(window)s::int, %(window)s::int) AS o(off)
-    WHERE m.pos + o.off BETWEEN 1 AND (SELECT n FROM stats) AND (o.off = 0 OR %(lex_ctx)s > 0)
-    GROUP BY 1, 2
-),
-lex AS MATERIALIZED (
-    SELECT tf.pos,
-           sum(ln(1 + (s.n - df.df + 0.5) / (df.df + 0.5))
-               * tf.tf * (%(k1)s + 1) / (tf.tf + %(k1)s * (1 - %(b)s + %(b)s * d.cdl / s.avgdl))) AS score
-    FROM tf JOIN (SELECT lexeme, count(*)::float8 AS df FROM tf GROUP BY lexeme) df USING (lexeme)
-        JOIN docs d USING (pos) CROSS JOIN stats s
-    GROUP BY tf.pos
-),
-fused AS (
-    SELECT d.pos, d.document_id, d.chunk_id, l.score AS lex_score, d.vec_score,
-           %(lex_share)s * coalesce(l.score / nullif(max(l.score) OVER (), 0), 0)
-           + (1 - %(lex_share)s) * coalesce(d.vec_score / nullif(greatest(max(d.vec_score) OVER (), 0), 0), 0) AS fused
-    FROM docs d LEFT JOIN lex l USING (pos)
-    WHERE l.score IS NOT NULL OR d.vec_score IS NOT NULL
-),
-ranked AS MATERIALIZED (
-    SELECT *
-    FROM (
-        SELECT *,
-               CASE WHEN lex_score IS NOT NULL
-                    THEN row_number() OVER (ORDER BY lex_score DESC NULLS LAST, pos) END AS lex_rank,
-               CASE WHEN vec_score IS NOT NULL
-                    THEN row_number() OVER (ORDER BY vec_score DESC NULLS LAST, pos) END AS vec_rank,
-               row_number() OVER (ORDER BY fused DESC, pos) AS fused_rank
-        FROM fused
-    ) x
-    WHERE lex_rank <= %(k)s OR vec_rank <= %(k)s OR fused_rank <= %(k)s
+s AS MATERIALIZED (
+    SELECT g.id AS document_id, g.seq, g.created_at, g.metadata->>'expires_at' AS expires_at,
+           c.id AS chunk_id, md5(c.content) AS content_md5,
+           CASE WHEN p.qv IS NOT NULL AND c.embedding IS NOT NULL THEN 1 - (c.embedding <=> p.qv) END AS cos
+    FROM {schema}.{gov} g JOIN {schema}.{chunk} c ON c.meta->>'document_id' = g.id CROSS JOIN p
+    WHERE g.org_id = %(org_id)s
+      AND g.audience = ANY(%(audiences)s)
+      AND g.status = ANY(%(statuses)s)
+      AND g.metadata->>'assignment_id' = %(assignment_id)s
 )
-SELECT r.document_id, c.content, g.metadata, g.created_at, g.updated_at,
-       r.lex_rank, r.lex_score, r.vec_rank, r.vec_score, r.fused, r.pos
-FROM ranked r
-    JOIN {schema}.{gov} g ON g.id = r.document_id
-    JOIN {schema}.{chunk} c ON c.id = r.chunk_id"""
+SELECT s.document_id, s.chunk_id, s.expires_at, coalesce(s.cos, 'NaN') AS cos,
+       coalesce(t.dl, (SELECT coalesce(sum(coalesce(array_length(u.positions, 1), 1)), 0)
+                       FROM unnest(v.tsv) u))::float8 AS dl,
+       m.terms, m.tfs, p.n_terms
+FROM s CROSS JOIN p
+    LEFT JOIN {schema}.osa_fact_terms t
+        ON t.document_id = s.document_id AND t.language = %(language)s::text AND t.content_md5 = s.content_md5
+    CROSS JOIN LATERAL (
+        SELECT coalesce(t.tsv, (SELECT to_tsvector(%(language)s::regconfig,
+                                       regexp_replace(c.content, '^<!-- osa-memory:scope [^\n]* -->\n', ''))
+                                FROM {schema}.{chunk} c WHERE c.id = s.chunk_id)) AS tsv
+    ) v
+    CROSS JOIN LATERAL (
+        SELECT array_agg(array_position(p.lexemes, u.lexeme)) AS terms,
+               array_agg(coalesce(array_length(u.positions, 1), 1)) AS tfs
+        FROM unnest(ts_filter(setweight(setweight(v.tsv, 'D'), 'A', p.lexemes), '{{a}}')) u
+        WHERE v.tsv @@ p.anyq
+    ) m
+ORDER BY s.seq, s.created_at, s.document_id"""
+)
+# Text, metadata and timestamps of the facts to return, with the scope checked again (fail closed: a
+# fact retired between the two statements is not returned).
+SCOPE_FACTS = sql.SQL(
+    """SELECT g.id, c.content, g.metadata, g.created_at, g.updated_at
+    FROM unnest(%(document_ids)s::text[], %(chunk_ids)s::text[]) AS r(document_id, chunk_id)
+        JOIN {schema}.{gov} g ON g.id = r.document_id
+        JOIN {schema}.{chunk} c ON c.id = r.chunk_id AND c.meta->>'document_id' = g.id
+    WHERE g.org_id = %(org_id)s
+      AND g.audience = ANY(%(audiences)s)
+      AND g.status = ANY(%(statuses)s)
+      AND g.metadata->>'assignment_id' = %(assignment_id)s"""
 )
 
 GOVERNING_ROWS = sql.SQL(
@@ -189,6 +157,22 @@ class GoverningRow:
     audience: str
     status: str
     assignment_id: str | None
+
+
+@dataclass(frozen=True)
+class ScopeHit:
+    """One fact of a scope that made a top-k list, before its text is fetched (ranks ``None`` when
+    that side missed it; ``position`` is its place in storing order, from 1)."""
+
+    document_id: str
+    chunk_id: str
+    expires_at: str | None
+    lex_rank: int | None
+    lex_score: float | None
+    vec_rank: int | None
+    vec_score: float | None
+    fused: float
+    position: int
 
 
 @dataclass(frozen=True)
@@ -235,7 +219,8 @@ class FactRepository:
         self.config = config
         names = config.sql_names()
         self._upsert_row = UPSERT_GOVERNING_ROW.format(**names)
-        self._candidates = SCOPED_CANDIDATES.format(**names)
+        self._scope_rows = SCOPE_ROWS.format(**names)
+        self._scope_facts = SCOPE_FACTS.format(**names)
         self._governing_rows = GOVERNING_ROWS.format(**names)
         self._write_fact = WRITE_FACT.format(upsert_row=self._upsert_row, **names)
 
@@ -302,7 +287,50 @@ class FactRepository:
         vec_ctx: float = 0.2,
         lex_share: float = 0.5,
     ) -> list[Candidate]:
-        """The top ``k`` of each ranking (lexical, vector, fused) over the scope's own rows (never a post-filter)."""
+        """The top ``k`` of each ranking (lexical, vector, fused) over the scope's own rows (never a
+        post-filter), with their text: `scope_hits` followed by `candidates`."""
+        with self.reading() as conn:
+            hits = self.scope_hits(
+                org_id=org_id,
+                assignment_id=assignment_id,
+                query=query,
+                embedding=embedding,
+                k=k,
+                audiences=audiences,
+                statuses=statuses,
+                k1=k1,
+                b=b,
+                window=window,
+                lex_ctx=lex_ctx,
+                vec_ctx=vec_ctx,
+                lex_share=lex_share,
+                conn=conn,
+            )
+            return self.candidates(
+                hits, org_id=org_id, assignment_id=assignment_id, audiences=audiences, statuses=statuses, conn=conn
+            )
+
+    def scope_hits(
+        self,
+        *,
+        org_id: str,
+        assignment_id: str,
+        query: str,
+        embedding: Vector | None,
+        k: int,
+        audiences: Sequence[str] = (FACT_AUDIENCE,),
+        statuses: Sequence[str] | None = None,
+        k1: float = 0.9,
+        b: float = 0.3,
+        window: int = 2,
+        lex_ctx: float = 0.4,
+        vec_ctx: float = 0.2,
+        lex_share: float = 0.5,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> list[ScopeHit]:
+        """The scope's facts within the top ``k`` of the lexical, vector or fused ranking, in storing
+        order, without their text (one statement over the scope's rows, ranked by
+        `haystack_osa_memory.store.ranking.rank_scope`). ``conn``: a connection from `reading()`."""
         if embedding is not None and len(embedding) != self.config.embedding_dimension:
             msg = (
                 f"query embedding has {len(embedding)} dimensions but the chunk table stores "
@@ -310,30 +338,105 @@ class FactRepository:
             )
             raise DatabaseError(msg)
         params = {
+            **self._scope(org_id, assignment_id, audiences, statuses),
+            "language": self.config.language,
+            "query": query,
+            "embedding": vector_literal(embedding),
+        }
+        ranking = RankingParams(
+            k=k,
+            k1=k1,
+            b=b,
+            window=window,
+            lex_ctx=lex_ctx if window > 0 else 0.0,
+            vec_ctx=vec_ctx if window > 0 else 0.0,
+            lex_share=lex_share,
+        )
+        with self._reading(conn) as c, c.cursor(binary=True) as cur:
+            rows = cur.execute(self._scope_rows, params).fetchall()
+        if not rows:
+            return []
+        document_ids, chunk_ids, expires, cos, dl, terms, tfs, n_terms = zip(*rows, strict=True)
+        return [
+            ScopeHit(
+                document_ids[r.index],
+                chunk_ids[r.index],
+                expires[r.index],
+                r.lex_rank,
+                r.lex_score,
+                r.vec_rank,
+                r.vec_score,
+                r.fused,
+                r.index + 1,
+            )
+            for r in rank_scope(cos, dl, terms, tfs, n_terms[0], ranking)
+        ]
+
+    def candidates(
+        self,
+        hits: Sequence[ScopeHit],
+        *,
+        org_id: str,
+        assignment_id: str,
+        audiences: Sequence[str] = (FACT_AUDIENCE,),
+        statuses: Sequence[str] | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> list[Candidate]:
+        """``hits`` with their text, metadata and timestamps, in the same order; the scope is checked
+        again, so a fact that left it since (retired, moved) is dropped. ``conn``: as in `scope_hits`."""
+        if not hits:
+            return []
+        params = {
+            **self._scope(org_id, assignment_id, audiences, statuses),
+            "document_ids": [h.document_id for h in hits],
+            "chunk_ids": [h.chunk_id for h in hits],
+        }
+        with self._reading(conn) as c:
+            details = {row[0]: row[1:] for row in c.execute(self._scope_facts, params).fetchall()}
+        found = []
+        for h in hits:
+            detail = details.get(h.document_id)
+            if detail is not None:
+                content, metadata, created_at, updated_at = detail
+                found.append(
+                    Candidate(
+                        h.document_id,
+                        content,
+                        metadata,
+                        created_at,
+                        updated_at,
+                        h.lex_rank,
+                        h.lex_score,
+                        h.vec_rank,
+                        h.vec_score,
+                        h.fused,
+                        h.position,
+                    )
+                )
+        return found
+
+    def reading(self) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """One pooled connection for several reads (`scope_hits` then `candidates`: one checkout)."""
+        return read(self.conn_str, self.config)
+
+    def _reading(self, conn: psycopg.Connection[Any] | None) -> AbstractContextManager[psycopg.Connection[Any]]:
+        return nullcontext(conn) if conn is not None else self.reading()
+
+    def _scope(
+        self, org_id: str, assignment_id: str, audiences: Sequence[str], statuses: Sequence[str] | None
+    ) -> dict[str, Any]:
+        return {
             "org_id": org_id,
             "assignment_id": assignment_id,
             "audiences": list(audiences),
             "statuses": list(statuses or self.config.admitted_statuses),
-            "language": self.config.language,
-            "query": query,
-            "embedding": vector_literal(embedding),
-            "k": k,
-            "k1": k1,
-            "b": b,
-            "window": window,
-            "lex_ctx": lex_ctx if window > 0 else 0.0,
-            "vec_ctx": vec_ctx if window > 0 else 0.0,
-            "lex_share": lex_share,
         }
-        with transaction(self.conn_str, self.config) as conn:
-            rows = conn.execute(self._candidates, params).fetchall()
-        return [Candidate(*row) for row in rows]
 
     def governing_rows(self, document_ids: Sequence[str]) -> dict[str, GoverningRow]:
         """Governing rows by id (ids with no row are absent)."""
         if not document_ids:
             return {}
-        with transaction(self.conn_str, self.config) as conn:
+        with read(self.conn_str, self.config) as conn:
             rows = conn.execute(self._governing_rows, (list(document_ids),)).fetchall()
         return {r[0]: GoverningRow(*r) for r in rows}
 

@@ -18,7 +18,7 @@ import psycopg
 from psycopg import sql
 
 from haystack_osa_memory.config import MemoryConfig
-from haystack_osa_memory.database import transaction
+from haystack_osa_memory.database import read, transaction
 from haystack_osa_memory.errors import InvalidInputError
 from haystack_osa_memory.markers import strip_marker
 from haystack_osa_memory.store.facts import FACT_SOURCE, INSERT_AUDIT
@@ -511,7 +511,7 @@ class LifecycleRepository:
             )
 
     def is_off(self, org_id: str, assignment_id: str) -> bool:
-        with transaction(self.conn_str, self.config) as conn:
+        with read(self.conn_str, self.config) as conn:
             row = conn.execute(self._q["IS_OFF"], {"org_id": org_id, "assignment_id": assignment_id}).fetchone()
         return bool(row and row[0])
 

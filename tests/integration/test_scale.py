@@ -52,10 +52,11 @@ from haystack_osa_memory.markers import add_marker, content_hash
 from haystack_osa_memory.store.facts import (
     FACT_AUDIENCE,
     FACT_SOURCE,
-    SCOPED_CANDIDATES,
+    SCOPE_ROWS,
     FactRepository,
     vector_literal,
 )
+from haystack_osa_memory.store.ranking import RankingParams, rank_scope
 from haystack_osa_memory.store.schema import ensure_schema
 from tests.conftest import REPO, drop_schema, new_schema_config
 
@@ -428,7 +429,7 @@ def test_repeated_query_on_one_pooled_connection_does_not_degrade(kb: ScaledKb) 
     from the first run, so the query shape itself is shown to be safe, not just the pool setting.
     """
     t = kb.targets[7]
-    query = SCOPED_CANDIDATES.format(**kb.config.sql_names())
+    query = SCOPE_ROWS.format(**kb.config.sql_names())
     params = {
         "org_id": TARGET.org_id,
         "assignment_id": TARGET.assignment_id,
@@ -437,19 +438,12 @@ def test_repeated_query_on_one_pooled_connection_does_not_degrade(kb: ScaledKb) 
         "language": "english",
         "query": t.crowded_query,
         "embedding": vector_literal(t.query_vector.tolist()),
-        "k": K,
-        "k1": 0.9,
-        "b": 0.3,
-        "window": 2,
-        "lex_ctx": 0.4,
-        "vec_ctx": 0.2,
-        "lex_share": 0.5,
     }
     with get_pool(kb.conn_str, kb.config).connection() as conn:
         try:
             conn.prepare_threshold = 0
             conn.execute("SET plan_cache_mode = force_generic_plan")
-            runs = [sorted(map(tuple, conn.execute(query, params, prepare=True).fetchall())) for _ in range(30)]
+            runs = [[tuple(r) for r in conn.execute(query, params, prepare=True).fetchall()] for _ in range(30)]
             plans = conn.execute(
                 "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE generic_plans > 0"
             ).fetchall()
@@ -459,8 +453,11 @@ def test_repeated_query_on_one_pooled_connection_does_not_degrade(kb: ScaledKb) 
     assert sum(p[0] for p in plans) >= 29
     assert all(run == runs[0] for run in runs), "results changed between runs of the same prepared statement"
     ids = [row[0] for row in runs[0]]
-    assert t.document_id in ids
+    assert len(ids) == len(set(ids)) == len(kb.targets)  # the scope's rows, each once
     _assert_in_scope(kb, ids)
+    _, _, _, cos, dl, terms, tfs, n_terms = zip(*runs[0], strict=True)
+    hits = rank_scope(cos, dl, terms, tfs, n_terms[0], RankingParams(k=K))
+    assert t.document_id in [ids[h.index] for h in sorted(hits, key=lambda h: -h.fused)[:K]]
 
     # The public path (pooled, no prepared statements), 30 times: the same answer every time.
     answers = [

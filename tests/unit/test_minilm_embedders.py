@@ -162,9 +162,11 @@ class TestSerialisation:
         text = MiniLMTextEmbedder(model=model_path)
         assert text.to_dict() == {
             "type": "haystack_osa_memory.components.minilm_embedders.MiniLMTextEmbedder",
-            "init_parameters": {"model": model_path},
+            "init_parameters": {"model": model_path, "precision": "float32"},
         }
         assert MiniLMTextEmbedder.from_dict(text.to_dict()).model == model_path
+        int8 = MiniLMTextEmbedder.from_dict(MiniLMTextEmbedder(model=model_path, precision="int8").to_dict())
+        assert int8.precision == "int8"
         docs = MiniLMDocumentEmbedder(model=model_path, batch_size=4, meta_fields_to_embed=["topic"])
         data = docs.to_dict()
         assert data == {
@@ -205,7 +207,17 @@ class TestBuildEmbedders:
         assert isinstance(document_embedder, MiniLMDocumentEmbedder)
         assert isinstance(text_embedder, MiniLMTextEmbedder)
         assert document_embedder.model == text_embedder.model == model_path
+        assert text_embedder.precision == "int8"  # the default: fast recall; stored vectors stay float32
         assert len(text_embedder.run(text="hello")["embedding"]) == MINILM_DIMENSION
+
+    def test_query_precision_follows_the_configuration(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        _, text_embedder = build_embedders(MemoryConfig(embedder="minilm", query_precision="float32"))
+        assert text_embedder.precision == "float32"
+        monkeypatch.setenv("OSA_MEMORY_QUERY_PRECISION", "float32")
+        assert MemoryConfig.from_env().query_precision == "float32"
+        monkeypatch.setenv("OSA_MEMORY_QUERY_PRECISION", "int4")
+        with pytest.raises(ConfigurationError, match=r"QUERY_PRECISION|query_precision"):
+            MemoryConfig.from_env()
 
     def test_model_is_traced(self, model_path: str) -> None:
         embedder = MiniLMTextEmbedder(model=model_path)
@@ -269,7 +281,7 @@ class TestThreads:
             t.join()
         backends = {id(e._backend) for e in embedders}
         assert len(backends) == 1
-        assert backends == {id(minilm_embedders._BACKENDS[os.path.realpath(fresh_model)])}
+        assert backends == {id(minilm_embedders._BACKENDS[(os.path.realpath(fresh_model), "float32")])}
 
     def test_concurrent_embeddings_equal_serial(self, model_path: str) -> None:
         texts = [f"{t} ({i})" for i, t in enumerate(TEXTS * 3)]
@@ -305,6 +317,64 @@ class TestThreads:
         for n in range(4):
             expected = serial_text if n % 2 else serial_docs
             assert np.abs(np.asarray(results[n]) - np.asarray(expected)).max() <= 1e-6
+
+
+class TestInt8Queries:
+    """`MiniLMTextEmbedder(precision="int8")`: dynamically quantized linear layers, close to float32."""
+
+    def test_vectors_close_to_sentence_transformers(self, model_path: str, expected: np.ndarray) -> None:
+        embedder = MiniLMTextEmbedder(model=model_path, precision="int8")
+        got = np.asarray([embedder.run(text=t)["embedding"] for t in TEXTS])
+        assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+        cosines = (got * expected).sum(axis=1)
+        assert cosines.min() >= 0.85, cosines  # "ok" is the farthest (about 0.87)
+        assert np.median(cosines) >= 0.97, cosines
+        assert np.abs(got - expected).max() > 1e-3  # really the quantized model, not float32
+
+    def test_deterministic_and_backend_is_separate(self, model_path: str) -> None:
+        embedder = MiniLMTextEmbedder(model=model_path, precision="int8")
+        for t in TEXTS:
+            assert embedder.run(text=t)["embedding"] == embedder.run(text=t)["embedding"]
+        backend = minilm_embedders._backend(model_path, "int8")
+        assert backend.precision == "int8"
+        assert backend.traced
+        assert backend is not minilm_embedders._backend(model_path, "float32")
+
+    def test_nearest_stored_fact_same_as_float32(self, model_path: str) -> None:
+        stored = MiniLMDocumentEmbedder(model=model_path).run(documents=[Document(content=t) for t in TEXTS[2:]])
+        matrix = np.asarray([d.embedding for d in stored["documents"]])
+        int8 = MiniLMTextEmbedder(model=model_path, precision="int8")
+        exact = MiniLMTextEmbedder(model=model_path)
+        for q in ["staging vpn", "when are invoices made", "who acknowledges pages", "Frankfurt cluster region"]:
+            nearest_int8 = int(np.argmax(matrix @ np.asarray(int8.run(text=q)["embedding"])))
+            nearest_exact = int(np.argmax(matrix @ np.asarray(exact.run(text=q)["embedding"])))
+            assert nearest_int8 == nearest_exact, q
+
+    @pytest.mark.parametrize("bad", ["int4", "fp16", "", None, 8])
+    def test_bad_precision_refused(self, model_path: str, bad: Any) -> None:
+        with pytest.raises(ValueError, match="precision must be one of"):
+            MiniLMTextEmbedder(model=model_path, precision=bad)
+
+    def test_float32_fallback_when_quantization_fails(
+        self, fresh_model: str, model_path: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A torch without quantized kernels: a warning, and the float32 vectors."""
+        import torch.ao.quantization
+
+        def no_quantization(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("no quantized engine")
+
+        monkeypatch.setattr(torch.ao.quantization, "quantize_dynamic", no_quantization)
+        with caplog.at_level(logging.WARNING, logger=minilm_embedders.__name__):
+            got = MiniLMTextEmbedder(model=fresh_model, precision="int8").run(text=TEXTS[2])["embedding"]
+        warnings = [r for r in caplog.records if r.name == minilm_embedders.__name__]
+        assert len(warnings) == 1
+        assert warnings[0].levelno == logging.WARNING
+        assert "runs in float32" in warnings[0].getMessage()
+        assert minilm_embedders._backend(fresh_model, "int8").precision == "float32"
+        monkeypatch.undo()
+        exact = MiniLMTextEmbedder(model=model_path).run(text=TEXTS[2])["embedding"]
+        assert np.abs(np.asarray(got) - np.asarray(exact)).max() <= TOLERANCE
 
 
 def test_eager_fallback_when_tracing_fails(

@@ -1,0 +1,176 @@
+"""Ranking of one scope's facts: BM25 with a context window, exact cosine, convex fusion.
+
+The scoped statement (`haystack_osa_memory.store.facts`) reads the caller's facts, and only them, in
+storing order: each fact's cosine with the query, its length in lexemes and how often it holds each
+query term. This module turns those rows into the three rankings, with numpy, in well under a
+millisecond for an assignment of a thousand facts; doing the same arithmetic in SQL cost several
+milliseconds of executor work (CTEs, a cross join per window offset, grouping, window functions).
+
+The arithmetic is, for facts ``i`` in storing order and a context window of ``w`` facts either side:
+
+- context length ``cdl[i] = dl[i] + lex_ctx * (sum(dl[i-w..i+w]) - dl[i])``;
+- context term frequency ``tf[i, t] = f[i, t] + lex_ctx * (sum(f[i-w..i+w, t]) - f[i, t])``, where
+  ``f`` counts the positions of query term ``t`` in fact ``i``; a fact *has* a term when ``tf > 0``;
+- ``lexical[i] = sum over its terms of idf(t) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * cdl / avgdl))``
+  with ``idf(t) = ln(1 + (n - df + 0.5) / (df + 0.5))``, ``df`` the facts having ``t``, ``n`` the
+  scope's facts and ``avgdl = max(mean(cdl), 1)``; a fact without any query term has no lexical score;
+- ``vector[i] = cos[i] + vec_ctx * (sum(cos[i-w..i+w]) - cos[i])`` (facts without an embedding count 0
+  in their neighbours' sums and have no vector score);
+- ``fused = lex_share * lexical / max(lexical) + (1 - lex_share) * vector / max(max(vector), 0)``
+  (a missing side, or a zero maximum, contributes 0).
+
+Ranks count from 1, best first, ties broken by storing order. A fact is returned when any of its
+ranks is within ``k``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+Floats = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class RankingParams:
+    """Weights of the scope ranking (see the module docstring for where each one enters)."""
+
+    k: int
+    k1: float = 0.9
+    b: float = 0.3
+    window: int = 2
+    lex_ctx: float = 0.4
+    vec_ctx: float = 0.2
+    lex_share: float = 0.5
+
+
+@dataclass(frozen=True)
+class RankedFact:
+    """One fact of the scope that made one of the three top-k lists (``index`` into the input rows)."""
+
+    index: int
+    lex_rank: int | None
+    lex_score: float | None
+    vec_rank: int | None
+    vec_score: float | None
+    fused: float
+
+
+def _window_sum(x: Floats, window: int) -> Floats:
+    """``out[i] = x[i-window] + ... + x[i+window]`` (rows beyond either end count as absent), summed
+    from the earliest row on, as PostgreSQL's window ``sum`` does."""
+    n = x.shape[0]
+    out = np.zeros_like(x)
+    for off in range(-window, window + 1):
+        if abs(off) >= n:
+            continue
+        if off < 0:
+            out[-off:] += x[: n + off]
+        else:
+            out[: n - off] += x[off:]
+    return out
+
+
+def _ranks(values: Floats, eligible: npt.NDArray[np.bool_]) -> npt.NDArray[np.int64]:
+    """1-based rank of each eligible row by value descending, ties by position; 0 for the others."""
+    idx = np.flatnonzero(eligible)
+    order = idx[np.lexsort((idx, -values[idx]))]
+    ranks = np.zeros(values.shape[0], dtype=np.int64)
+    ranks[order] = np.arange(1, order.shape[0] + 1)
+    return ranks
+
+
+def rank_scope(
+    cos: Sequence[float],
+    dl: Sequence[float],
+    terms: Sequence[Sequence[int] | None],
+    tfs: Sequence[Sequence[int] | None],
+    n_terms: int,
+    params: RankingParams,
+) -> list[RankedFact]:
+    """The scope's facts that are within ``params.k`` on the lexical, vector or fused ranking.
+
+    One entry per fact of the scope, in storing order, in each column:
+
+    :param cos: cosine with the query, NaN for a fact without an embedding (or a query without one).
+    :param dl: length of the fact in lexemes.
+    :param terms: 1-based positions, in the query's lexeme list, of the query terms the fact holds
+        (``None`` or empty when it holds none).
+    :param tfs: how often the fact holds each of ``terms``.
+    :param n_terms: how many lexemes the query has.
+    :returns: the selected facts, in storing order.
+    :raises ValueError: the columns differ in length, or a fact's ``terms`` and ``tfs`` do.
+    """
+    n = len(cos)
+    if not len(dl) == len(terms) == len(tfs) == n:
+        msg = f"every column needs one entry per fact: {n} cos, {len(dl)} dl, {len(terms)} terms, {len(tfs)} tfs"
+        raise ValueError(msg)
+    if n == 0:
+        return []
+    w = params.window
+    cosine: Floats = np.asarray(cos, dtype=np.float64)
+    length: Floats = np.asarray(dl, dtype=np.float64)
+    has_cos = ~np.isnan(cosine)
+    cos0 = np.where(has_cos, cosine, 0.0)
+    cdl = length + params.lex_ctx * (_window_sum(length, w) - length)
+    vector = np.where(has_cos, cos0 + params.vec_ctx * (_window_sum(cos0, w) - cos0), np.nan)
+
+    lexical = np.full(n, np.nan)
+    if n_terms > 0:
+        f = np.zeros((n, n_terms), dtype=np.float64)
+        at_row: list[int] = []
+        at_term: list[int] = []
+        counts: list[int] = []
+        for i, (held, often) in enumerate(zip(terms, tfs, strict=True)):
+            if held:
+                if often is None or len(often) != len(held):
+                    msg = f"fact {i} has {len(held)} terms but {0 if often is None else len(often)} counts"
+                    raise ValueError(msg)
+                at_row.extend([i] * len(held))
+                at_term.extend(held)
+                counts.extend(often)
+        if at_row:
+            term_index = np.asarray(at_term, dtype=np.int64) - 1
+            valid = (term_index >= 0) & (term_index < n_terms)
+            np.add.at(f, (np.asarray(at_row)[valid], term_index[valid]), np.asarray(counts, dtype=np.float64)[valid])
+        tf = f + params.lex_ctx * (_window_sum(f, w) - f) if params.lex_ctx > 0 and w > 0 else f
+        present = tf > 0
+        if present.any():
+            df = present.sum(axis=0).astype(np.float64)
+            idf = np.log(1 + (n - df + 0.5) / (df + 0.5))
+            avgdl = max(float(cdl.mean()), 1.0)
+            norm = params.k1 * (1 - params.b + params.b * cdl / avgdl)
+            contrib = np.where(present, idf * tf * (params.k1 + 1) / (tf + norm[:, None]), 0.0)
+            has_lex = present.any(axis=1)
+            lexical = np.where(has_lex, contrib.sum(axis=1), np.nan)
+
+    has_lex = ~np.isnan(lexical)
+    has_vec = ~np.isnan(vector)
+    kept = has_lex | has_vec
+    lex_max = float(lexical[has_lex].max()) if has_lex.any() else 0.0
+    vec_den = max(float(vector[has_vec].max()), 0.0) if has_vec.any() else 0.0
+    lex_part = np.where(has_lex, lexical / lex_max, 0.0) if lex_max != 0 else np.zeros(n)
+    vec_part = np.where(has_vec, vector / vec_den, 0.0) if vec_den != 0 else np.zeros(n)
+    fused = params.lex_share * lex_part + (1 - params.lex_share) * vec_part
+
+    lex_rank = _ranks(lexical, has_lex)
+    vec_rank = _ranks(vector, has_vec)
+    fused_rank = _ranks(fused, kept)
+    k = params.k
+    chosen = kept & (
+        (has_lex & (lex_rank <= k)) | (has_vec & (vec_rank <= k)) | ((fused_rank >= 1) & (fused_rank <= k))
+    )
+    return [
+        RankedFact(
+            index=int(i),
+            lex_rank=int(lex_rank[i]) if has_lex[i] else None,
+            lex_score=float(lexical[i]) if has_lex[i] else None,
+            vec_rank=int(vec_rank[i]) if has_vec[i] else None,
+            vec_score=float(vector[i]) if has_vec[i] else None,
+            fused=float(fused[i]),
+        )
+        for i in np.flatnonzero(chosen)
+    ]

@@ -1,0 +1,189 @@
+"""The scope ranking (`haystack_osa_memory.store.ranking`) against a plain-loop reading of its formulas,
+on random scopes (missing embeddings, facts without query terms, ties, window 0, no lexical context),
+plus the edge cases by hand."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from haystack_osa_memory.store.ranking import RankedFact, RankingParams, rank_scope
+
+Row = tuple[float, float, list[int] | None, list[int] | None]
+
+
+def reference(rows: list[Row], n_terms: int, p: RankingParams) -> dict[int, tuple[int | None, int | None, float]]:
+    """index -> (lexical rank, vector rank, fused score), straight from the module docstring."""
+    n = len(rows)
+    w = p.window
+    near = [range(max(0, i - w), min(n, i + w + 1)) for i in range(n)]
+    dl = [r[1] for r in rows]
+    cos = [r[0] for r in rows]
+    f = [[0.0] * n_terms for _ in rows]
+    for i, (_, _, terms, tfs) in enumerate(rows):
+        for t, c in zip(terms or [], tfs or [], strict=True):
+            f[i][t - 1] += c
+    cdl = [dl[i] + p.lex_ctx * (sum(dl[j] for j in near[i]) - dl[i]) for i in range(n)]
+    avgdl = max(sum(cdl) / n, 1.0)
+    tf = [[f[i][t] + p.lex_ctx * (sum(f[j][t] for j in near[i]) - f[i][t]) for t in range(n_terms)] for i in range(n)]
+    df = [sum(1 for i in range(n) if tf[i][t] > 0) for t in range(n_terms)]
+    lexical: list[float | None] = []
+    for i in range(n):
+        held = [t for t in range(n_terms) if tf[i][t] > 0]
+        if not held:
+            lexical.append(None)
+            continue
+        score = 0.0
+        for t in held:
+            idf = math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
+            score += idf * tf[i][t] * (p.k1 + 1) / (tf[i][t] + p.k1 * (1 - p.b + p.b * cdl[i] / avgdl))
+        lexical.append(score)
+    vector: list[float | None] = []
+    for i in range(n):
+        if math.isnan(cos[i]):
+            vector.append(None)
+        else:
+            around = sum(cos[j] for j in near[i] if not math.isnan(cos[j]))
+            vector.append(cos[i] + p.vec_ctx * (around - cos[i]))
+    kept = [i for i in range(n) if lexical[i] is not None or vector[i] is not None]
+    lex_max = max((lexical[i] or 0.0 for i in kept if lexical[i] is not None), default=0.0)
+    vec_max = max(max((vector[i] or 0.0 for i in kept if vector[i] is not None), default=0.0), 0.0)
+    fused = {}
+    for i in kept:
+        lex_part = (lexical[i] or 0.0) / lex_max if lexical[i] is not None and lex_max else 0.0
+        vec_part = (vector[i] or 0.0) / vec_max if vector[i] is not None and vec_max else 0.0
+        fused[i] = p.lex_share * lex_part + (1 - p.lex_share) * vec_part
+
+    def ranks(score: dict[int, float]) -> dict[int, int]:
+        return {i: r + 1 for r, i in enumerate(sorted(score, key=lambda i: (-score[i], i)))}
+
+    lex_rank = ranks({i: s for i in kept if (s := lexical[i]) is not None})
+    vec_rank = ranks({i: s for i in kept if (s := vector[i]) is not None})
+    fused_rank = ranks(fused)
+    return {
+        i: (lex_rank.get(i), vec_rank.get(i), fused[i])
+        for i in kept
+        if lex_rank.get(i, p.k + 1) <= p.k or vec_rank.get(i, p.k + 1) <= p.k or fused_rank[i] <= p.k
+    }
+
+
+def _rank(rows: list[Row], n_terms: int, p: RankingParams) -> list[RankedFact]:
+    cos, dl, terms, tfs = zip(*rows, strict=True) if rows else ((), (), (), ())
+    return rank_scope(cos, dl, terms, tfs, n_terms, p)
+
+
+def _random_scope(rnd: random.Random, n: int, n_terms: int) -> list[Row]:
+    rows: list[Row] = []
+    for _ in range(n):
+        cos = math.nan if rnd.random() < 0.1 else rnd.choice([rnd.uniform(-0.2, 0.9), 0.5])  # 0.5: ties
+        held = sorted(rnd.sample(range(1, n_terms + 1), rnd.randint(0, n_terms))) if rnd.random() < 0.5 else []
+        tfs = [rnd.randint(1, 3) for _ in held]
+        rows.append((cos, float(rnd.randint(0, 30)), held or None, tfs or None))
+    return rows
+
+
+PARAMS = [
+    RankingParams(k=5),
+    RankingParams(k=3, window=0, lex_ctx=0.0, vec_ctx=0.0),
+    RankingParams(k=10, k1=1.2, b=0.75, window=1, lex_ctx=0.0, vec_ctx=0.5, lex_share=0.3),
+    RankingParams(k=1, window=4, lex_ctx=1.0, vec_ctx=0.0, lex_share=1.0),
+    RankingParams(k=50, lex_share=0.0),
+]
+
+
+@pytest.mark.parametrize("params", PARAMS)
+@pytest.mark.parametrize("seed", range(25))
+def test_matches_the_formulas(seed: int, params: RankingParams) -> None:
+    rnd = random.Random(seed)
+    n_terms = rnd.randint(0, 4)
+    rows = _random_scope(rnd, rnd.randint(1, 40), n_terms)
+    got = {h.index: (h.lex_rank, h.vec_rank, h.fused) for h in _rank(rows, n_terms, params)}
+    want = reference(rows, n_terms, params)
+    assert set(got) == set(want)
+    for i, (lex_rank, vec_rank, fused) in want.items():
+        assert got[i][:2] == (lex_rank, vec_rank), i
+        assert got[i][2] == pytest.approx(fused, abs=1e-12)
+
+
+def test_scores_and_storing_order() -> None:
+    rows: list[Row] = [(0.9, 4.0, [1], [2]), (0.1, 4.0, None, None), (math.nan, 4.0, [1, 2], [1, 1])]
+    hits = _rank(rows, 2, RankingParams(k=5, window=0, lex_ctx=0.0, vec_ctx=0.0))
+    assert [h.index for h in hits] == [0, 1, 2]  # storing order, whatever the ranks
+    first, second, third = hits
+    assert (first.vec_rank, second.vec_rank, third.vec_rank) == (1, 2, None)
+    assert (first.vec_score, second.vec_score, third.vec_score) == (0.9, 0.1, None)
+    assert second.lex_rank is None
+    assert second.lex_score is None
+    assert first.lex_score is not None
+    assert third.lex_score is not None
+    assert third.lex_rank == 1  # two distinct query terms beat one term twice in a fact of the same length
+    assert first.fused == pytest.approx(0.5 * first.lex_score / third.lex_score + 0.5)
+
+
+def test_context_window_lends_neighbour_terms() -> None:
+    """A fact without the query term gets a lexical score from a neighbour within the window only."""
+    rows: list[Row] = (
+        [(math.nan, 5.0, None, None)] * 3 + [(math.nan, 5.0, [1], [1])] + [(math.nan, 5.0, None, None)] * 3
+    )
+    hits = {h.index: h for h in _rank(rows, 1, RankingParams(k=10, window=2, lex_ctx=0.4))}
+    assert sorted(hits) == [1, 2, 3, 4, 5]
+    assert hits[3].lex_rank == 1
+    assert hits[2].lex_score == hits[4].lex_score  # symmetric
+    assert hits[2].lex_score is not None
+    assert hits[3].lex_score is not None
+    assert hits[2].lex_score < hits[3].lex_score
+    assert {h.index for h in _rank(rows, 1, RankingParams(k=10, window=2, lex_ctx=0.0))} == {3}
+
+
+def test_ties_break_by_storing_order() -> None:
+    rows: list[Row] = [(0.5, 3.0, None, None)] * 6
+    hits = _rank(rows, 0, RankingParams(k=2, window=0, lex_ctx=0.0, vec_ctx=0.0))
+    assert [(h.index, h.vec_rank) for h in hits] == [(0, 1), (1, 2)]
+
+
+def test_nothing_to_rank() -> None:
+    assert _rank([], 3, RankingParams(k=5)) == []
+    # no embedding and no query term: no fact has a score on either side
+    assert _rank([(math.nan, 2.0, None, None)] * 4, 3, RankingParams(k=5)) == []
+    # no lexemes in the query at all (stop words only), vector side still ranks
+    assert [h.vec_rank for h in _rank([(0.2, 2.0, None, None), (0.4, 2.0, None, None)], 0, RankingParams(k=5))] == [
+        2,
+        1,
+    ]
+
+
+def test_negative_cosines_do_not_flip_the_vector_side() -> None:
+    """All cosines negative: max(vector) < 0 counts as 0, the vector side adds nothing to the fusion."""
+    rows: list[Row] = [(-0.3, 2.0, [1], [1]), (-0.1, 2.0, None, None)]
+    hits = {h.index: h for h in _rank(rows, 1, RankingParams(k=5, window=0, lex_ctx=0.0, vec_ctx=0.0))}
+    assert hits[0].fused == pytest.approx(0.5)
+    assert hits[1].fused == 0.0
+    assert hits[1].vec_rank == 1
+
+
+def test_bad_input_refused() -> None:
+    with pytest.raises(ValueError, match="one entry per fact"):
+        rank_scope([0.1, 0.2], [1.0], [None, None], [None, None], 1, RankingParams(k=5))
+    with pytest.raises(ValueError, match="has 2 terms but 1 counts"):
+        rank_scope([0.1], [1.0], [[1, 2]], [[1]], 2, RankingParams(k=5))
+
+
+def test_terms_outside_the_query_are_ignored() -> None:
+    rows: list[Row] = [(math.nan, 2.0, [0, 7], [1, 1]), (math.nan, 2.0, [1], [1])]
+    hits = _rank(rows, 1, RankingParams(k=5, window=0, lex_ctx=0.0))
+    assert [h.index for h in hits] == [1]
+
+
+def test_a_large_scope() -> None:
+    """A thousand facts: at most 3k of them returned, the best fused score the same as by the formulas."""
+    rnd = random.Random(7)
+    rows = _random_scope(rnd, 1000, 5)
+    hits = _rank(rows, 5, RankingParams(k=10))
+    assert 10 <= len(hits) <= 30
+    assert sorted(h.fused for h in hits if h.fused is not None)[-1] == pytest.approx(
+        max(reference(rows, 5, RankingParams(k=10)).values(), key=lambda v: v[2])[2]
+    )
+    assert np.isfinite([h.fused for h in hits]).all()
