@@ -127,7 +127,6 @@ from haystack_osa_memory.markers import add_marker, content_hash, document_id
 from haystack_osa_memory.store.facts import (
     FACT_AUDIENCE,
     FACT_SOURCE,
-    SCOPE_ROWS,
     FactRepository,
     vector_literal,
 )
@@ -1150,7 +1149,7 @@ class Bench:
         """EXPLAIN ANALYZE of our statement and of design (b), for the first target's paraphrase."""
         t = self.targets[0]
         text, vector = t.query("para")
-        ours = SCOPE_ROWS.format(**self.names)
+        ours = self.repo.scope_rows_statement
         params = {
             "org_id": t.caller.org_id,
             "assignment_id": t.caller.assignment_id,

@@ -10,7 +10,8 @@ The arithmetic is, for facts ``i`` in storing order and a context window of ``w`
 
 - context length ``cdl[i] = dl[i] + lex_ctx * (sum(dl[i-w..i+w]) - dl[i])``;
 - context term frequency ``tf[i, t] = f[i, t] + lex_ctx * (sum(f[i-w..i+w, t]) - f[i, t])``, where
-  ``f`` counts the positions of query term ``t`` in fact ``i``; a fact *has* a term when ``tf > 0``;
+  ``f`` counts the positions of query term ``t`` in fact ``i`` (PostgreSQL's tsvector, at most 256);
+  a fact *has* a term when ``tf > 0``;
 - ``lexical[i] = sum over its terms of idf(t) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * cdl / avgdl))``
   with ``idf(t) = ln(1 + (n - df + 0.5) / (df + 0.5))``, ``df`` the facts having ``t``, ``n`` the
   scope's facts and ``avgdl = max(mean(cdl), 1)``; a fact without any query term has no lexical score;
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import numpy.typing as npt
@@ -83,11 +85,15 @@ def _ranks(values: Floats, eligible: npt.NDArray[np.bool_]) -> npt.NDArray[np.in
     return ranks
 
 
+#: A fact's query terms travel packed, one int per term: ``position_in_query * TERM_CODE + count``
+#: (PostgreSQL keeps at most 256 positions per lexeme, so the count fits below 1024).
+TERM_CODE = 1024
+
+
 def rank_scope(
     cos: Sequence[float],
     dl: Sequence[float],
     terms: Sequence[Sequence[int] | None],
-    tfs: Sequence[Sequence[int] | None],
     n_terms: int,
     params: RankingParams,
 ) -> list[RankedFact]:
@@ -97,16 +103,15 @@ def rank_scope(
 
     :param cos: cosine with the query, NaN for a fact without an embedding (or a query without one).
     :param dl: length of the fact in lexemes.
-    :param terms: 1-based positions, in the query's lexeme list, of the query terms the fact holds
-        (``None`` or empty when it holds none).
-    :param tfs: how often the fact holds each of ``terms``.
+    :param terms: the query terms the fact holds, packed as ``position * TERM_CODE + count`` with the
+        1-based position of the term in the query's lexeme list (``None`` or empty: none).
     :param n_terms: how many lexemes the query has.
     :returns: the selected facts, in storing order.
-    :raises ValueError: the columns differ in length, or a fact's ``terms`` and ``tfs`` do.
+    :raises ValueError: the columns differ in length, or a packed count is 0 or too large.
     """
     n = len(cos)
-    if not len(dl) == len(terms) == len(tfs) == n:
-        msg = f"every column needs one entry per fact: {n} cos, {len(dl)} dl, {len(terms)} terms, {len(tfs)} tfs"
+    if not len(dl) == len(terms) == n:
+        msg = f"every column needs one entry per fact: {n} cos, {len(dl)} dl, {len(terms)} terms"
         raise ValueError(msg)
     if n == 0:
         return []
@@ -119,23 +124,18 @@ def rank_scope(
     vector = np.where(has_cos, cos0 + params.vec_ctx * (_window_sum(cos0, w) - cos0), np.nan)
 
     lexical = np.full(n, np.nan)
-    if n_terms > 0:
+    counts = [len(held) if held else 0 for held in terms]
+    if n_terms > 0 and any(counts):
+        packed = np.fromiter(chain.from_iterable(held for held in terms if held), dtype=np.int64)
+        often = packed % TERM_CODE
+        if (often == 0).any():
+            msg = "a packed term count is 0; counts run from 1 to 1023"
+            raise ValueError(msg)
+        term_index = packed // TERM_CODE - 1
+        at_row = np.repeat(np.arange(n), counts)
+        valid = (term_index >= 0) & (term_index < n_terms)
         f = np.zeros((n, n_terms), dtype=np.float64)
-        at_row: list[int] = []
-        at_term: list[int] = []
-        counts: list[int] = []
-        for i, (held, often) in enumerate(zip(terms, tfs, strict=True)):
-            if held:
-                if often is None or len(often) != len(held):
-                    msg = f"fact {i} has {len(held)} terms but {0 if often is None else len(often)} counts"
-                    raise ValueError(msg)
-                at_row.extend([i] * len(held))
-                at_term.extend(held)
-                counts.extend(often)
-        if at_row:
-            term_index = np.asarray(at_term, dtype=np.int64) - 1
-            valid = (term_index >= 0) & (term_index < n_terms)
-            np.add.at(f, (np.asarray(at_row)[valid], term_index[valid]), np.asarray(counts, dtype=np.float64)[valid])
+        np.add.at(f, (at_row[valid], term_index[valid]), often[valid].astype(np.float64))
         tf = f + params.lex_ctx * (_window_sum(f, w) - f) if params.lex_ctx > 0 and w > 0 else f
         present = tf > 0
         if present.any():

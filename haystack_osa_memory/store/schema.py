@@ -19,7 +19,7 @@ from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.database import transaction
 from haystack_osa_memory.errors import SchemaError
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 CREATE_EXTENSION = sql.SQL("CREATE EXTENSION IF NOT EXISTS vector")
 CREATE_SCHEMA = sql.SQL("CREATE SCHEMA IF NOT EXISTS {schema}")
@@ -139,6 +139,58 @@ TOAST_TUPLE_TARGET = 4080
 SET_CHUNK_STORAGE = sql.SQL(
     "ALTER TABLE {schema}.{table} ALTER COLUMN embedding SET STORAGE MAIN, SET (toast_tuple_target = {target})"
 )
+# Version 7: recall reads each fact's vector from osa_fact_terms (a copy written with the fact) and
+# checks that row against the governing row's content hash, instead of joining the chunk table for
+# every fact of the scope. Rows written before are filled from their chunks while the chunk still
+# holds the text they were computed from; the others are recomputed at query time as before.
+ADD_TERMS_RECALL_COLUMNS = sql.SQL(
+    """ALTER TABLE {schema}.osa_fact_terms
+    ADD COLUMN IF NOT EXISTS content_hash CHAR(64),
+    ADD COLUMN IF NOT EXISTS embedding vector"""
+)
+TERMS_EMBEDDING_STORAGE = sql.SQL(
+    """SELECT a.attstorage FROM pg_attribute a
+    JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = %s AND c.relname = 'osa_fact_terms' AND a.attname = 'embedding' AND NOT a.attisdropped"""
+)
+SET_TERMS_STORAGE = sql.SQL("ALTER TABLE {schema}.osa_fact_terms ALTER COLUMN embedding SET STORAGE MAIN")
+BACKFILL_TERMS = sql.SQL(
+    """UPDATE {schema}.osa_fact_terms t SET content_hash = g.content_hash, embedding = c.embedding
+    FROM {schema}.{gov} g, {schema}.{chunk} c
+    WHERE t.content_hash IS NULL AND g.id = t.document_id AND c.id = t.document_id
+      AND c.meta->>'document_id' = g.id AND t.content_md5 = md5(c.content)"""
+)
+# A fact's row in osa_fact_terms is dropped when other tools change or delete its chunk (content or
+# vector), so recall falls back to reading the chunk. Our own write changes both in one statement;
+# row triggers fire at its end, when the two agree again, and leave the row alone.
+CREATE_TERMS_INVALIDATE_FUNCTION = sql.SQL(
+    """CREATE OR REPLACE FUNCTION {schema}.osa_fact_terms_invalidate() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        EXECUTE format('TRUNCATE %I.osa_fact_terms', TG_TABLE_SCHEMA);
+        RETURN NULL;
+    END IF;
+    IF TG_OP = 'DELETE' THEN
+        EXECUTE format('DELETE FROM %I.osa_fact_terms WHERE document_id = $1', TG_TABLE_SCHEMA) USING OLD.id;
+    ELSE
+        EXECUTE format('DELETE FROM %I.osa_fact_terms WHERE document_id = $1 AND (document_id <> $2
+                        OR content_md5 IS DISTINCT FROM md5($3) OR embedding IS DISTINCT FROM $4)', TG_TABLE_SCHEMA)
+            USING OLD.id, NEW.id, NEW.content, NEW.embedding::vector;
+    END IF;
+    RETURN NULL;
+END $$"""
+)
+DROP_TERMS_TRIGGERS = sql.SQL(
+    """DROP TRIGGER IF EXISTS osa_fact_terms_invalidate ON {schema}.{table};
+    DROP TRIGGER IF EXISTS osa_fact_terms_truncate ON {schema}.{table}"""
+)
+CREATE_TERMS_TRIGGERS = sql.SQL(
+    """CREATE TRIGGER osa_fact_terms_invalidate AFTER UPDATE OF id, content, embedding OR DELETE ON {schema}.{table}
+        FOR EACH ROW EXECUTE FUNCTION {schema}.osa_fact_terms_invalidate();
+    CREATE TRIGGER osa_fact_terms_truncate AFTER TRUNCATE ON {schema}.{table}
+        FOR EACH STATEMENT EXECUTE FUNCTION {schema}.osa_fact_terms_invalidate()"""
+)
 READ_VERSION = sql.SQL("SELECT max(version) FROM {schema}.schema_version")
 WRITE_VERSION = sql.SQL("INSERT INTO {schema}.schema_version (version, applied_at) VALUES (%s, now())")
 EMBEDDING_DIMENSION = sql.SQL(
@@ -247,6 +299,14 @@ def ensure_schema(conn_str: str, config: MemoryConfig) -> InitReport:
         ):
             conn.execute(statement.format(schema=mem))
         conn.execute(CREATE_TERMS_TABLE.format(schema=kb))
+        conn.execute(ADD_TERMS_RECALL_COLUMNS.format(schema=kb))
+        row = conn.execute(TERMS_EMBEDDING_STORAGE, (config.kb_schema,)).fetchone()
+        if row is not None and row[0] != "m":
+            conn.execute(SET_TERMS_STORAGE.format(schema=kb))
+        conn.execute(BACKFILL_TERMS.format(schema=kb, gov=gov, chunk=chunk))
+        conn.execute(CREATE_TERMS_INVALIDATE_FUNCTION.format(schema=kb))
+        conn.execute(DROP_TERMS_TRIGGERS.format(schema=kb, table=chunk))
+        conn.execute(CREATE_TERMS_TRIGGERS.format(schema=kb, table=chunk))
         conn.execute(ADD_SEQ.format(schema=kb, table=gov))
         row = conn.execute(CHUNK_STORAGE, (config.kb_schema, config.chunk_table)).fetchone()
         if row is not None and (row[0] != "m" or f"toast_tuple_target={TOAST_TUPLE_TARGET}" not in row[1]):

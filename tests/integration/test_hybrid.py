@@ -153,3 +153,120 @@ def test_guarded_embedding_is_an_array_that_copies_cheaply(minilm: tuple[Any, An
     assert isinstance(copied, np.ndarray)
     assert copied is not vector
     assert np.array_equal(copied, vector)
+
+
+def _terms(conn_str: str, cfg: MemoryConfig) -> dict[str, tuple[object, ...]]:
+    query = sql.SQL("SELECT document_id, content_hash, embedding::text, content_md5 FROM {}.osa_fact_terms").format(
+        sql.Identifier(cfg.kb_schema)
+    )
+    with psycopg.connect(conn_str) as conn:
+        return {r[0]: r[1:] for r in conn.execute(query).fetchall()}
+
+
+def test_recall_index_row_is_written_with_the_fact(
+    pg_conn_str: str, hybrid_config: MemoryConfig, minilm: tuple[Any, Any]
+) -> None:
+    """osa_fact_terms holds the governing row's content hash and the chunk's vector, written together."""
+    memory = Memory(hybrid_config, document_embedder=minilm[0], text_embedder=minilm[1])
+    me = Caller(org_id="acme", assignment_id="asg-1")
+    ids = [memory.store(fact, caller=me)["document_id"] for fact in FACTS]
+    memory.store(FACTS[0], caller=me)  # the upsert rewrites the row; the trigger must leave it alone
+    terms = _terms(pg_conn_str, hybrid_config)
+    names = hybrid_config.sql_names()
+    with psycopg.connect(pg_conn_str) as conn:
+        chunks = dict(
+            conn.execute(sql.SQL("SELECT c.id, c.embedding::text FROM {schema}.{chunk} c").format(**names)).fetchall()
+        )
+        hashes = dict(conn.execute(sql.SQL("SELECT id, content_hash FROM {schema}.{gov}").format(**names)).fetchall())
+    assert sorted(terms) == sorted(ids)
+    for doc_id in ids:
+        assert terms[doc_id][0] == hashes[doc_id]
+        assert terms[doc_id][1] == chunks[doc_id]
+
+
+def test_other_tools_changing_a_chunk_are_seen_by_recall(
+    pg_conn_str: str, hybrid_config: MemoryConfig, minilm: tuple[Any, Any]
+) -> None:
+    """A chunk whose text or vector is changed (or deleted) outside memory: its recall-index row goes,
+    and recall reads the chunk itself, as it is now."""
+    memory = Memory(hybrid_config, document_embedder=minilm[0], text_embedder=minilm[1])
+    me = Caller(org_id="acme", assignment_id="asg-1")
+    ids = [memory.store(fact, caller=me)["document_id"] for fact in FACTS]
+    names = hybrid_config.sql_names()
+    kotlin = ids[3]
+    assert memory.recall("Kotlin", limit=1, caller=me)["facts"][0]["document_id"] == kotlin
+    # Another tool rewrites the Kotlin fact's chunk text (keeping its marker line).
+    rewrite = sql.SQL(
+        "UPDATE {schema}.{chunk} SET content = replace(content, 'Kotlin and Swift', 'Rust') WHERE id = %s"
+    ).format(**names)
+    with psycopg.connect(pg_conn_str) as conn:
+        assert conn.execute(rewrite, (kotlin,)).rowcount == 1
+    assert kotlin not in _terms(pg_conn_str, hybrid_config)
+    lexical = Memory(hybrid_config, use_default_embedders=False)
+    found = lexical.recall("Rust", limit=4, caller=me)["facts"]
+    # first; neighbours in storing order follow through the context window
+    assert (found[0]["document_id"], found[0]["content"]) == (kotlin, "The mobile app is written in Rust")
+    assert lexical.recall("Kotlin Swift", limit=4, caller=me)["facts"] == []
+    # Another tool re-embeds the Frankfurt fact with the vector of a different text.
+    frankfurt = ids[0]
+    other = minilm[1].run(text="accounts payable and invoice dates")["embedding"]
+    reembed = sql.SQL("UPDATE {schema}.{chunk} SET embedding = %s::vector WHERE id = %s").format(**names)
+    with psycopg.connect(pg_conn_str) as conn:
+        conn.execute(reembed, ("[" + ",".join(map(str, other)) + "]", frankfurt))
+    assert frankfurt not in _terms(pg_conn_str, hybrid_config)
+    paraphrase = memory.recall("which city hosts servers in Germany?", limit=4, caller=me)["facts"]
+    assert [f["document_id"] for f in paraphrase][:1] != [frankfurt]  # its vector no longer says Frankfurt
+    # An unchanged write (same text, same vector) keeps the row.
+    untouched = ids[2]
+    touch = sql.SQL("UPDATE {schema}.{chunk} SET content = content, embedding = embedding WHERE id = %s").format(
+        **names
+    )
+    with psycopg.connect(pg_conn_str) as conn:
+        conn.execute(touch, (untouched,))
+    assert untouched in _terms(pg_conn_str, hybrid_config)
+    # Deleting a chunk drops its row; the fact has no chunk, so recall does not return it.
+    with psycopg.connect(pg_conn_str) as conn:
+        conn.execute(sql.SQL("DELETE FROM {schema}.{chunk} WHERE id = %s").format(**names), (untouched,))
+    assert untouched not in _terms(pg_conn_str, hybrid_config)
+    assert untouched not in [f["document_id"] for f in memory.recall("acknowledge pages", caller=me)["facts"]]
+
+
+def test_schema_7_fills_rows_written_before_it(
+    pg_conn_str: str, hybrid_config: MemoryConfig, minilm: tuple[Any, Any]
+) -> None:
+    """Rows from schema 6 (no content hash, no vector) are filled by `init` while their chunk is unchanged;
+    until then recall reads the chunks, with the same answers."""
+    memory = Memory(hybrid_config, document_embedder=minilm[0], text_embedder=minilm[1])
+    me = Caller(org_id="acme", assignment_id="asg-1")
+    ids = [memory.store(fact, caller=me)["document_id"] for fact in FACTS]
+    queries = ["which city hosts servers in Germany?", "invoice day", "pages", "Kotlin"]
+    before = [memory.recall(q, caller=me)["facts"] for q in queries]
+    names = {**hybrid_config.sql_names()}
+    changed = ids[1]
+    with psycopg.connect(pg_conn_str) as conn:
+        conn.execute(
+            sql.SQL("UPDATE {schema}.osa_fact_terms SET content_hash = NULL, embedding = NULL").format(**names)
+        )
+        # one chunk changed after its row was computed (bypassing the trigger, as schema 6 had none)
+        conn.execute(sql.SQL("ALTER TABLE {schema}.{chunk} DISABLE TRIGGER osa_fact_terms_invalidate").format(**names))
+        conn.execute(
+            sql.SQL("UPDATE {schema}.{chunk} SET content = content || ' (first Monday)' WHERE id = %s").format(**names),
+            (changed,),
+        )
+        conn.execute(sql.SQL("ALTER TABLE {schema}.{chunk} ENABLE TRIGGER osa_fact_terms_invalidate").format(**names))
+    assert all(row[0] is None for row in _terms(pg_conn_str, hybrid_config).values())
+    during = [memory.recall(q, caller=me)["facts"] for q in queries]
+    ensure_schema(pg_conn_str, hybrid_config)
+    terms = _terms(pg_conn_str, hybrid_config)
+    assert all(terms[d][0] is not None for d in ids if d != changed)
+    assert terms[changed][0] is None  # its chunk no longer holds the text the row was computed from
+    after = [memory.recall(q, caller=me)["facts"] for q in queries]
+
+    def ranked(answers: list[list[dict[str, Any]]]) -> list[list[tuple[str, float]]]:
+        return [[(f["document_id"], round(f["score"], 9)) for f in facts] for facts in answers]
+
+    assert ranked(during) == ranked(after)
+    assert after[1][0]["content"].endswith("(first Monday)")
+    assert [[f["document_id"] for f in facts] for facts in before] == [
+        [f["document_id"] for f in facts] for facts in after
+    ]

@@ -52,7 +52,6 @@ from haystack_osa_memory.markers import add_marker, content_hash
 from haystack_osa_memory.store.facts import (
     FACT_AUDIENCE,
     FACT_SOURCE,
-    SCOPE_ROWS,
     FactRepository,
     vector_literal,
 )
@@ -429,7 +428,7 @@ def test_repeated_query_on_one_pooled_connection_does_not_degrade(kb: ScaledKb) 
     from the first run, so the query shape itself is shown to be safe, not just the pool setting.
     """
     t = kb.targets[7]
-    query = SCOPE_ROWS.format(**kb.config.sql_names())
+    query = kb.repo.scope_rows_statement
     params = {
         "org_id": TARGET.org_id,
         "assignment_id": TARGET.assignment_id,
@@ -455,8 +454,8 @@ def test_repeated_query_on_one_pooled_connection_does_not_degrade(kb: ScaledKb) 
     ids = [row[0] for row in runs[0]]
     assert len(ids) == len(set(ids)) == len(kb.targets)  # the scope's rows, each once
     _assert_in_scope(kb, ids)
-    _, _, _, cos, dl, terms, tfs, n_terms = zip(*runs[0], strict=True)
-    hits = rank_scope(cos, dl, terms, tfs, n_terms[0], RankingParams(k=K))
+    _, _, _, cos, dl, terms, n_terms = zip(*runs[0], strict=True)
+    hits = rank_scope(cos, dl, terms, n_terms[0], RankingParams(k=K))
     assert t.document_id in [ids[h.index] for h in sorted(hits, key=lambda h: -h.fused)[:K]]
 
     # The public path (pooled, no prepared statements), 30 times: the same answer every time.

@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from haystack_osa_memory.store.ranking import RankedFact, RankingParams, rank_scope
+from haystack_osa_memory.store.ranking import TERM_CODE, RankedFact, RankingParams, rank_scope
 
 Row = tuple[float, float, list[int] | None, list[int] | None]
 
@@ -70,9 +70,14 @@ def reference(rows: list[Row], n_terms: int, p: RankingParams) -> dict[int, tupl
     }
 
 
+def _pack(terms: list[int] | None, tfs: list[int] | None) -> list[int] | None:
+    return None if not terms else [t * TERM_CODE + c for t, c in zip(terms, tfs or [], strict=True)]
+
+
 def _rank(rows: list[Row], n_terms: int, p: RankingParams) -> list[RankedFact]:
-    cos, dl, terms, tfs = zip(*rows, strict=True) if rows else ((), (), (), ())
-    return rank_scope(cos, dl, terms, tfs, n_terms, p)
+    cos = [r[0] for r in rows]
+    dl = [r[1] for r in rows]
+    return rank_scope(cos, dl, [_pack(r[2], r[3]) for r in rows], n_terms, p)
 
 
 def _random_scope(rnd: random.Random, n: int, n_terms: int) -> list[Row]:
@@ -166,9 +171,18 @@ def test_negative_cosines_do_not_flip_the_vector_side() -> None:
 
 def test_bad_input_refused() -> None:
     with pytest.raises(ValueError, match="one entry per fact"):
-        rank_scope([0.1, 0.2], [1.0], [None, None], [None, None], 1, RankingParams(k=5))
-    with pytest.raises(ValueError, match="has 2 terms but 1 counts"):
-        rank_scope([0.1], [1.0], [[1, 2]], [[1]], 2, RankingParams(k=5))
+        rank_scope([0.1, 0.2], [1.0], [None, None], 1, RankingParams(k=5))
+    with pytest.raises(ValueError, match="count is 0"):
+        rank_scope([0.1], [1.0], [[1 * TERM_CODE]], 2, RankingParams(k=5))
+
+
+def test_packed_counts_up_to_postgres_limit() -> None:
+    """PostgreSQL keeps at most 256 positions per lexeme: such a count survives the packing."""
+    rows: list[Row] = [(math.nan, 300.0, [1], [256]), (math.nan, 300.0, [1], [1])]
+    params = RankingParams(k=5, window=0, lex_ctx=0.0)
+    hits = _rank(rows, 1, params)
+    assert [h.lex_rank for h in hits] == [1, 2]
+    assert hits[0].fused == pytest.approx(reference(rows, 1, params)[0][2])
 
 
 def test_terms_outside_the_query_are_ignored() -> None:
