@@ -305,7 +305,7 @@ VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in [
         Variant("default", "product default: hybrid, context window +-2, convex fusion, BM25 k1=0.9 b=0.3, MiniLM"),
-        Variant("lexical", "product lexical only (no embedder): BM25 in SQL with the context window", embedder="none"),
+        Variant("lexical", "product lexical only (no embedder): BM25 with the context window", embedder="none"),
         # The product before, then one idea at a time.
         Variant("before", "before: hybrid, RRF k=60, no context, BM25 k1=1.2 b=0.75", retriever=BEFORE),
         Variant("before-lexical", "before, lexical only", embedder="none", retriever=BEFORE),

@@ -1074,7 +1074,7 @@ class Bench:
             self.measure(
                 "(c) ours, scoped SQL (text+vector)",
                 lambda t, kind: self.scoped(t, kind, with_vector=True),
-                note="one statement, both sides",
+                note="scope read once, both sides",
             )
             self.measure(
                 "(c) ours, Memory.recall (hybrid)",

@@ -14,7 +14,7 @@ project, never a runtime dependency; without it, ``--only ours`` still runs.
 The two systems
 ---------------
 - **ours**: ``haystack_osa_memory.Memory`` with the offline MiniLM embedders (``build_embedders``),
-  hybrid recall (BM25 in SQL + exact vector distance over the scope's rows, fused), scope =
+  hybrid recall (BM25 + exact vector distance over the scope's rows, fused), scope =
   ``Caller(org_id="locomo", assignment_id=<conversation>)``.
 - **mem0** (``mem0ai``, OSS ``Memory.from_config``): ``vector_store`` ``pgvector`` on the same server
   (``connection_string``; its defaults otherwise: HNSW index, a psycopg pool with psycopg's
@@ -269,18 +269,21 @@ class OursSide:
                 generate_series(1, %(copies)s) n
             WHERE g.org_id = %(org)s AND g.metadata->>'assignment_id' = ANY(%(scopes)s)"""
         ).format(**names)
-        # Lexical statistics precomputed at write time (schema version 4+), copied for the new chunks.
+        # The recall row written with each fact (lexical statistics, content hash, vector; schema 7),
+        # copied for the new chunks as our writer would have written it.
         copy_terms = sql.SQL(
-            """INSERT INTO {schema}.osa_fact_terms (document_id, language, content_md5, tsv, dl)
-            SELECT c.meta->>'document_id', t.language, md5(c.content), t.tsv, t.dl
+            """INSERT INTO {schema}.osa_fact_terms
+                (document_id, language, content_md5, tsv, dl, content_hash, embedding)
+            SELECT c.meta->>'document_id', t.language, md5(c.content), t.tsv, t.dl, g.content_hash, c.embedding
             FROM {schema}.{chunk} c
+            JOIN {schema}.{gov} g ON g.id = c.meta->>'document_id'
             JOIN {schema}.osa_fact_terms t ON t.document_id = regexp_replace(c.meta->>'document_id', '-bg[0-9]+$', '')
             WHERE c.meta->>'document_id' ~ '-bg[0-9]+$'"""
         ).format(**names)
         params = {"copies": copies, "org": ORG, "scopes": scopes}
         with psycopg.connect(self.conn_str, prepare_threshold=None) as conn:
             conn.execute(copy_chunks, params)  # first: it joins the original governing rows only
-            added = conn.execute(copy_governing, params).rowcount
+            added = conn.execute(copy_governing, params).rowcount  # before the recall rows, which join them
             tables = [self.config.governing_table, self.config.chunk_table]
             found = conn.execute("SELECT to_regclass(%s)", (f'"{self.schema}".osa_fact_terms',)).fetchone()
             if found and found[0] is not None:
