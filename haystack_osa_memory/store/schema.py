@@ -162,10 +162,13 @@ BACKFILL_TERMS = sql.SQL(
 )
 # A fact's row in osa_fact_terms is dropped when other tools change or delete its chunk (content or
 # vector), so recall falls back to reading the chunk. Our own write changes both in one statement;
-# row triggers fire at its end, when the two agree again, and leave the row alone.
+# row triggers fire at its end, when the two agree again, and leave the row alone. SECURITY DEFINER
+# (with a fixed search_path): a role that may write the chunk table but not osa_fact_terms (a team's
+# indexing job) can still update its chunks; the function only ever deletes rows of osa_fact_terms.
+# The search_path holds pgvector's schema (its type and equality operator) and nothing writable.
 CREATE_TERMS_INVALIDATE_FUNCTION = sql.SQL(
     """CREATE OR REPLACE FUNCTION {schema}.osa_fact_terms_invalidate() RETURNS trigger
-    LANGUAGE plpgsql AS $$
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, {vector_schema}, pg_temp AS $$
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN
         EXECUTE format('TRUNCATE %I.osa_fact_terms', TG_TABLE_SCHEMA);
@@ -180,6 +183,9 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$"""
+)
+VECTOR_SCHEMA = sql.SQL(
+    "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'vector'"
 )
 DROP_TERMS_TRIGGERS = sql.SQL(
     """DROP TRIGGER IF EXISTS osa_fact_terms_invalidate ON {schema}.{table};
@@ -304,7 +310,9 @@ def ensure_schema(conn_str: str, config: MemoryConfig) -> InitReport:
         if row is not None and row[0] != "m":
             conn.execute(SET_TERMS_STORAGE.format(schema=kb))
         conn.execute(BACKFILL_TERMS.format(schema=kb, gov=gov, chunk=chunk))
-        conn.execute(CREATE_TERMS_INVALIDATE_FUNCTION.format(schema=kb))
+        row = conn.execute(VECTOR_SCHEMA).fetchone()
+        vector_schema = sql.Identifier(row[0] if row else "public")
+        conn.execute(CREATE_TERMS_INVALIDATE_FUNCTION.format(schema=kb, vector_schema=vector_schema))
         conn.execute(DROP_TERMS_TRIGGERS.format(schema=kb, table=chunk))
         conn.execute(CREATE_TERMS_TRIGGERS.format(schema=kb, table=chunk))
         conn.execute(ADD_SEQ.format(schema=kb, table=gov))

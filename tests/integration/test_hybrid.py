@@ -270,3 +270,37 @@ def test_schema_7_fills_rows_written_before_it(
     assert [[f["document_id"] for f in facts] for facts in before] == [
         [f["document_id"] for f in facts] for facts in after
     ]
+
+
+def test_a_role_without_rights_on_the_recall_rows_can_still_update_chunks(
+    pg_conn_str: str, hybrid_config: MemoryConfig, minilm: tuple[Any, Any]
+) -> None:
+    """An indexing role may write the chunk table but not osa_fact_terms: its update still goes through
+    (the trigger function runs with its owner's rights) and the fact's recall row is dropped."""
+    memory = Memory(hybrid_config, document_embedder=minilm[0], text_embedder=minilm[1])
+    me = Caller(org_id="acme", assignment_id="asg-1")
+    doc_id = memory.store(FACTS[1], caller=me)["document_id"]
+    names = hybrid_config.sql_names()
+    role = sql.Identifier(f"indexer_{hybrid_config.kb_schema}")
+    with psycopg.connect(pg_conn_str, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(role))
+        try:
+            conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {schema} TO {role}").format(role=role, **names))
+            conn.execute(sql.SQL("GRANT SELECT, UPDATE ON {schema}.{chunk} TO {role}").format(role=role, **names))
+            with conn.transaction():
+                conn.execute(sql.SQL("SET LOCAL ROLE {}").format(role))
+                with pytest.raises(psycopg.errors.InsufficientPrivilege), conn.transaction():
+                    conn.execute(sql.SQL("SELECT count(*) FROM {schema}.osa_fact_terms").format(**names))
+                updated = conn.execute(
+                    sql.SQL("UPDATE {schema}.{chunk} SET content = content || ' (moved)' WHERE id = %s").format(
+                        **names
+                    ),
+                    (doc_id,),
+                )
+                assert updated.rowcount == 1
+        finally:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(role))
+            conn.execute(sql.SQL("DROP ROLE {}").format(role))
+    assert doc_id not in _terms(pg_conn_str, hybrid_config)
+    lexical = Memory(hybrid_config, use_default_embedders=False)
+    assert lexical.recall("moved", caller=me)["facts"][0]["content"].endswith("(moved)")
