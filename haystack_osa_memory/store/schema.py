@@ -18,6 +18,7 @@ from psycopg import sql
 from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.database import transaction
 from haystack_osa_memory.errors import SchemaError
+from haystack_osa_memory.markers import MARKER_PREFIX
 
 SCHEMA_VERSION = 7
 
@@ -171,15 +172,14 @@ CREATE_TERMS_INVALIDATE_FUNCTION = sql.SQL(
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, {vector_schema}, pg_temp AS $$
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN
-        EXECUTE format('TRUNCATE %I.osa_fact_terms', TG_TABLE_SCHEMA);
-        RETURN NULL;
-    END IF;
-    IF TG_OP = 'DELETE' THEN
-        EXECUTE format('DELETE FROM %I.osa_fact_terms WHERE document_id = $1', TG_TABLE_SCHEMA) USING OLD.id;
+        TRUNCATE {schema}.osa_fact_terms;
+    ELSIF TG_OP = 'DELETE' THEN
+        DELETE FROM {schema}.osa_fact_terms WHERE document_id = OLD.id;
     ELSE
-        EXECUTE format('DELETE FROM %I.osa_fact_terms WHERE document_id = $1 AND (document_id <> $2
-                        OR content_md5 IS DISTINCT FROM md5($3) OR embedding IS DISTINCT FROM $4)', TG_TABLE_SCHEMA)
-            USING OLD.id, NEW.id, NEW.content, NEW.embedding::vector;
+        DELETE FROM {schema}.osa_fact_terms
+        WHERE document_id = OLD.id
+          AND (document_id <> NEW.id OR content_md5 IS DISTINCT FROM md5(NEW.content)
+               OR embedding IS DISTINCT FROM NEW.embedding::vector);
     END IF;
     RETURN NULL;
 END $$"""
@@ -191,9 +191,12 @@ DROP_TERMS_TRIGGERS = sql.SQL(
     """DROP TRIGGER IF EXISTS osa_fact_terms_invalidate ON {schema}.{table};
     DROP TRIGGER IF EXISTS osa_fact_terms_truncate ON {schema}.{table}"""
 )
+# Only rows that were facts (their content starts with the scope marker) call the function: updating
+# or deleting customer chunks costs a string prefix test per row, no function call.
 CREATE_TERMS_TRIGGERS = sql.SQL(
     """CREATE TRIGGER osa_fact_terms_invalidate AFTER UPDATE OF id, content, embedding OR DELETE ON {schema}.{table}
-        FOR EACH ROW EXECUTE FUNCTION {schema}.osa_fact_terms_invalidate();
+        FOR EACH ROW WHEN (starts_with(OLD.content, {marker}))
+        EXECUTE FUNCTION {schema}.osa_fact_terms_invalidate();
     CREATE TRIGGER osa_fact_terms_truncate AFTER TRUNCATE ON {schema}.{table}
         FOR EACH STATEMENT EXECUTE FUNCTION {schema}.osa_fact_terms_invalidate()"""
 )
@@ -314,7 +317,7 @@ def ensure_schema(conn_str: str, config: MemoryConfig) -> InitReport:
         vector_schema = sql.Identifier(row[0] if row else "public")
         conn.execute(CREATE_TERMS_INVALIDATE_FUNCTION.format(schema=kb, vector_schema=vector_schema))
         conn.execute(DROP_TERMS_TRIGGERS.format(schema=kb, table=chunk))
-        conn.execute(CREATE_TERMS_TRIGGERS.format(schema=kb, table=chunk))
+        conn.execute(CREATE_TERMS_TRIGGERS.format(schema=kb, table=chunk, marker=sql.Literal(MARKER_PREFIX)))
         conn.execute(ADD_SEQ.format(schema=kb, table=gov))
         row = conn.execute(CHUNK_STORAGE, (config.kb_schema, config.chunk_table)).fetchone()
         if row is not None and (row[0] != "m" or f"toast_tuple_target={TOAST_TUPLE_TARGET}" not in row[1]):

@@ -304,3 +304,36 @@ def test_a_role_without_rights_on_the_recall_rows_can_still_update_chunks(
     assert doc_id not in _terms(pg_conn_str, hybrid_config)
     lexical = Memory(hybrid_config, use_default_embedders=False)
     assert lexical.recall("moved", caller=me)["facts"][0]["content"].endswith("(moved)")
+
+
+def test_customer_chunk_updates_do_not_call_the_trigger_function(pg_conn_str: str, hybrid_config: MemoryConfig) -> None:
+    """The trigger fires only for rows that were facts (content starting with the scope marker): a
+    customer chunk's update runs no function, so even a (stray) recall row under its id survives."""
+    names = hybrid_config.sql_names()
+    with psycopg.connect(pg_conn_str, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("INSERT INTO {schema}.{chunk} (id, content, meta) VALUES ('cust-1', 'Refund policy', %s)").format(
+                **names
+            ),
+            ('{"document_id": "cust-1"}',),
+        )
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {schema}.osa_fact_terms (document_id, language, content_md5, tsv, dl) "
+                "VALUES ('cust-1', 'english', 'stale', ''::tsvector, 0)"
+            ).format(**names)
+        )
+        conn.execute(
+            sql.SQL("UPDATE {schema}.{chunk} SET content = 'Refund policy v2' WHERE id = 'cust-1'").format(**names)
+        )
+        assert "cust-1" in _terms(pg_conn_str, hybrid_config)
+        # the same update on a row that starts with the marker does call it
+        conn.execute(
+            sql.SQL("UPDATE {schema}.{chunk} SET content = %s WHERE id = 'cust-1'").format(**names),
+            ("<!-- osa-memory:scope asg-1 -->\nRefund policy v3",),
+        )
+        assert "cust-1" in _terms(pg_conn_str, hybrid_config)  # OLD was not a fact yet
+        conn.execute(
+            sql.SQL("UPDATE {schema}.{chunk} SET content = content || '!' WHERE id = 'cust-1'").format(**names)
+        )
+        assert "cust-1" not in _terms(pg_conn_str, hybrid_config)
