@@ -130,6 +130,7 @@ from haystack_osa_memory.store.facts import (
     FactRepository,
     vector_literal,
 )
+from haystack_osa_memory.store.ranking import RankingParams
 from haystack_osa_memory.store.schema import ensure_schema
 from haystack_osa_memory.store.tokens import TokenStore
 
@@ -1017,7 +1018,7 @@ class Bench:
             assignment_id=target.caller.assignment_id,
             query=text,
             embedding=vector.tolist() if with_vector else None,
-            k=self.p.k,
+            ranking=RankingParams(k=self.p.k),
         )
         lexical = {c.document_id for c in candidates if c.lex_rank is not None}
         vector_side = {c.document_id for c in candidates if c.vec_rank is not None}

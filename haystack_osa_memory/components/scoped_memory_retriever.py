@@ -11,6 +11,7 @@ from haystack.utils import Secret, deserialize_secrets_inplace
 from haystack_osa_memory.components._kb import KnowledgeBaseSettings
 from haystack_osa_memory.markers import check_identifier
 from haystack_osa_memory.store.facts import FACT_AUDIENCE, FactRepository, ScopeHit
+from haystack_osa_memory.store.ranking import RankingParams
 
 Fusion = Literal["convex", "rrf", "lexical_first"]
 
@@ -51,11 +52,11 @@ class ScopedMemoryRetriever(KnowledgeBaseSettings):
         rrf_k: int = 60,
         lexical_weight: float = 1.0,
         vector_weight: float = 1.0,
-        bm25_k1: float = 0.9,
-        bm25_b: float = 0.3,
-        context_window: int = 2,
-        lexical_context_weight: float = 0.4,
-        vector_context_weight: float = 0.2,
+        bm25_k1: float = RankingParams.k1,
+        bm25_b: float = RankingParams.b,
+        context_window: int = RankingParams.window,
+        lexical_context_weight: float = RankingParams.lex_ctx,
+        vector_context_weight: float = RankingParams.vec_ctx,
         admitted_statuses: list[str] | None = None,
         connection_string: Secret = Secret.from_env_var("PG_CONN_STR"),
         kb_schema: str = "public",
@@ -201,14 +202,16 @@ class ScopedMemoryRetriever(KnowledgeBaseSettings):
                 audiences=(FACT_AUDIENCE,),
                 query=query,
                 embedding=query_embedding,
-                k=max(self.candidate_k, k),
+                ranking=RankingParams(
+                    k=max(self.candidate_k, k),
+                    k1=self.bm25_k1,
+                    b=self.bm25_b,
+                    window=self.context_window,
+                    lex_ctx=self.lexical_context_weight,
+                    vec_ctx=self.vector_context_weight,
+                    lex_share=self.lexical_weight / (self.lexical_weight + self.vector_weight),
+                ),
                 statuses=self.admitted_statuses,
-                k1=self.bm25_k1,
-                b=self.bm25_b,
-                window=self.context_window,
-                lex_ctx=self.lexical_context_weight,
-                vec_ctx=self.vector_context_weight,
-                lex_share=self.lexical_weight / (self.lexical_weight + self.vector_weight),
                 conn=conn,
             )
             now = datetime.now(UTC).isoformat()

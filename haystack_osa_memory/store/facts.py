@@ -217,7 +217,9 @@ class FactRepository:
     ```python
     repo = FactRepository(conn_str, MemoryConfig())
     repo.write([(governing_row, chunk)])
-    candidates = repo.scoped_candidates(org_id="acme", assignment_id="a1", query="vpn", embedding=None, k=50)
+    candidates = repo.scoped_candidates(
+        org_id="acme", assignment_id="a1", query="vpn", embedding=None, ranking=RankingParams(k=50)
+    )
     ```
     """
 
@@ -284,17 +286,11 @@ class FactRepository:
         assignment_id: str,
         query: str,
         embedding: Vector | None,
-        k: int,
+        ranking: RankingParams,
         audiences: Sequence[str] = (FACT_AUDIENCE,),
         statuses: Sequence[str] | None = None,
-        k1: float = 0.9,
-        b: float = 0.3,
-        window: int = 2,
-        lex_ctx: float = 0.4,
-        vec_ctx: float = 0.2,
-        lex_share: float = 0.5,
     ) -> list[Candidate]:
-        """The top ``k`` of each ranking (lexical, vector, fused) over the scope's own rows (never a
+        """The top ``ranking.k`` of each ranking (lexical, vector, fused) over the scope's own rows (never a
         post-filter), with their text: `scope_hits` followed by `candidates`."""
         with self.reading() as conn:
             hits = self.scope_hits(
@@ -302,15 +298,9 @@ class FactRepository:
                 assignment_id=assignment_id,
                 query=query,
                 embedding=embedding,
-                k=k,
+                ranking=ranking,
                 audiences=audiences,
                 statuses=statuses,
-                k1=k1,
-                b=b,
-                window=window,
-                lex_ctx=lex_ctx,
-                vec_ctx=vec_ctx,
-                lex_share=lex_share,
                 conn=conn,
             )
             return self.candidates(
@@ -324,19 +314,13 @@ class FactRepository:
         assignment_id: str,
         query: str,
         embedding: Vector | None,
-        k: int,
+        ranking: RankingParams,
         audiences: Sequence[str] = (FACT_AUDIENCE,),
         statuses: Sequence[str] | None = None,
-        k1: float = 0.9,
-        b: float = 0.3,
-        window: int = 2,
-        lex_ctx: float = 0.4,
-        vec_ctx: float = 0.2,
-        lex_share: float = 0.5,
         conn: psycopg.Connection[Any] | None = None,
     ) -> list[ScopeHit]:
-        """The scope's facts within the top ``k`` of the lexical, vector or fused ranking, in storing
-        order, without their text (one statement over the scope's rows, ranked by
+        """The scope's facts within the top ``ranking.k`` of the lexical, vector or fused ranking, in
+        storing order, without their text (one statement over the scope's rows, ranked by
         `haystack_osa_memory.store.ranking.rank_scope`). ``conn``: a connection from `reading()`."""
         if embedding is not None and len(embedding) != self.config.embedding_dimension:
             msg = (
@@ -350,15 +334,6 @@ class FactRepository:
             "query": query,
             "embedding": vector_literal(embedding),
         }
-        ranking = RankingParams(
-            k=k,
-            k1=k1,
-            b=b,
-            window=window,
-            lex_ctx=lex_ctx if window > 0 else 0.0,
-            vec_ctx=vec_ctx if window > 0 else 0.0,
-            lex_share=lex_share,
-        )
         with self._reading(conn) as c, c.cursor(binary=True) as cur:
             rows = cur.execute(self._scope_rows, params).fetchall()
         if not rows:

@@ -397,7 +397,7 @@ def test_vector_side_finds_every_target(kb: ScaledKb) -> None:
             assignment_id=TARGET.assignment_id,
             query=t.crowded_query,
             embedding=t.query_vector.tolist(),
-            k=K,
+            ranking=RankingParams(k=K),
         )
         by_vector = sorted((c for c in candidates if c.vec_rank is not None), key=lambda c: c.vec_rank or 0)
         assert len(by_vector) >= K  # the vector top k (plus rows other rankings brought in, with their vector rank)
@@ -501,7 +501,7 @@ def test_naive_top_k_then_filter_misses_targets(kb: ScaledKb) -> None:
                 assignment_id=TARGET.assignment_id,
                 query=t.crowded_query,
                 embedding=t.query_vector.tolist(),
-                k=K,
+                ranking=RankingParams(k=K),
             )
             ours["lexical"] += any(c.document_id == t.document_id and c.lex_rank is not None for c in candidates)
             ours["vector"] += any(c.document_id == t.document_id and c.vec_rank is not None for c in candidates)
