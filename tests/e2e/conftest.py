@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -49,6 +50,20 @@ def env_for(config: MemoryConfig, pg_conn_str: str, **extra: str) -> dict[str, s
     return env
 
 
+def wait_for_status(proc: subprocess.Popen[bytes], port: int, log: Path, timeout: float, name: str) -> None:
+    """Until ``http://127.0.0.1:<port>/status`` answers 200; RuntimeError with the process's log when it
+    exits first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{log.read_text()}")
+        with suppress(httpx.HTTPError):
+            if httpx.get(f"http://127.0.0.1:{port}/status", timeout=1).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"{name} did not answer /status within {timeout:.0f} s:\n{log.read_text()}")
+
+
 @dataclass
 class Server:
     config: MemoryConfig
@@ -72,16 +87,7 @@ class Server:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log.read_text()}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/status", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        raise RuntimeError(f"server did not start in 60 s:\n{self.log.read_text()}")
+        wait_for_status(self.proc, self.port, self.log, 60, "osa-memory serve")
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -8,14 +8,12 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.conftest import REPO
-from tests.e2e.conftest import call, free_port
+from tests.e2e.conftest import call, free_port, wait_for_status
 from tests.e2e.test_offline_buffer import stop_pg
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
@@ -37,16 +35,7 @@ def test_serve_script_runs_a_working_server_on_the_embedded_default(tmp_path: Pa
             start_new_session=True,
         )
     try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/status", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        else:
-            raise AssertionError(f"scripts/serve.sh did not serve within 10 minutes:\n{log.read_text()}")
+        wait_for_status(proc, port, log, 600, "scripts/serve.sh")
         printed = log.read_text()
         token = re.search(r"osam_[0-9a-f]{16}_[A-Za-z0-9_-]{43}", printed)
         assert token, printed

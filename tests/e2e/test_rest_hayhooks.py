@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import pytest
 from haystack_osa_memory.store.schema import ensure_schema
 from haystack_osa_memory.store.tokens import TokenStore
 from tests.conftest import REPO, drop_schema, new_schema_config, row_counts
-from tests.e2e.conftest import env_for, free_port
+from tests.e2e.conftest import env_for, free_port, wait_for_status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -46,17 +45,7 @@ def rest(pg_conn_str: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             stderr=subprocess.STDOUT,
         )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(log.read_text())
-        try:
-            if httpx.get(f"{base}/status", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    else:
-        raise RuntimeError(f"hayhooks did not start:\n{log.read_text()}")
+    wait_for_status(proc, port, log, 90, "hayhooks")
     try:
         yield {"base": base, "config": config, "tokens": TokenStore(pg_conn_str, config), "pg": pg_conn_str}
     finally:
