@@ -42,16 +42,20 @@ FACTS = [
 ]
 
 
+def _store_facts(cfg: MemoryConfig, minilm: tuple[Any, Any]) -> tuple[Memory, Caller, list[str]]:
+    """A hybrid Memory, its caller, and the ids of FACTS stored in that caller's assignment."""
+    memory = Memory(cfg, document_embedder=minilm[0], text_embedder=minilm[1])
+    me = Caller(org_id="acme", assignment_id="asg-1")
+    return memory, me, [memory.store(fact, caller=me)["document_id"] for fact in FACTS]
+
+
 def test_default_embedder_is_minilm_when_installed(hybrid_config: MemoryConfig) -> None:
     memory = Memory(hybrid_config)
     assert memory.hybrid
 
 
 def test_paraphrase_found_by_the_vector_side(hybrid_config: MemoryConfig, minilm: tuple[Any, Any]) -> None:
-    memory = Memory(hybrid_config, document_embedder=minilm[0], text_embedder=minilm[1])
-    me = Caller(org_id="acme", assignment_id="asg-1")
-    for fact in FACTS:
-        memory.store(fact, caller=me)
+    memory, me, _ = _store_facts(hybrid_config, minilm)
     # no word in common with the fact (lexical side finds nothing)
     result = memory.recall("which city hosts servers in Germany?", limit=1, caller=me)
     assert "degraded" not in result
@@ -167,9 +171,7 @@ def test_recall_index_row_is_written_with_the_fact(
     pg_conn_str: str, hybrid_config: MemoryConfig, minilm: tuple[Any, Any]
 ) -> None:
     """osa_fact_terms holds the governing row's content hash and the chunk's vector, written together."""
-    memory = Memory(hybrid_config, document_embedder=minilm[0], text_embedder=minilm[1])
-    me = Caller(org_id="acme", assignment_id="asg-1")
-    ids = [memory.store(fact, caller=me)["document_id"] for fact in FACTS]
+    memory, me, ids = _store_facts(hybrid_config, minilm)
     memory.store(FACTS[0], caller=me)  # the upsert rewrites the row; the trigger must leave it alone
     terms = _terms(pg_conn_str, hybrid_config)
     names = hybrid_config.sql_names()
@@ -189,9 +191,7 @@ def test_other_tools_changing_a_chunk_are_seen_by_recall(
 ) -> None:
     """A chunk whose text or vector is changed (or deleted) outside memory: its recall-index row goes,
     and recall reads the chunk itself, as it is now."""
-    memory = Memory(hybrid_config, document_embedder=minilm[0], text_embedder=minilm[1])
-    me = Caller(org_id="acme", assignment_id="asg-1")
-    ids = [memory.store(fact, caller=me)["document_id"] for fact in FACTS]
+    memory, me, ids = _store_facts(hybrid_config, minilm)
     names = hybrid_config.sql_names()
     kotlin = ids[3]
     assert memory.recall("Kotlin", limit=1, caller=me)["facts"][0]["document_id"] == kotlin
@@ -236,12 +236,10 @@ def test_schema_7_fills_rows_written_before_it(
 ) -> None:
     """Rows from schema 6 (no content hash, no vector) are filled by `init` while their chunk is unchanged;
     until then recall reads the chunks, with the same answers."""
-    memory = Memory(hybrid_config, document_embedder=minilm[0], text_embedder=minilm[1])
-    me = Caller(org_id="acme", assignment_id="asg-1")
-    ids = [memory.store(fact, caller=me)["document_id"] for fact in FACTS]
+    memory, me, ids = _store_facts(hybrid_config, minilm)
     queries = ["which city hosts servers in Germany?", "invoice day", "pages", "Kotlin"]
     before = [memory.recall(q, caller=me)["facts"] for q in queries]
-    names = {**hybrid_config.sql_names()}
+    names = hybrid_config.sql_names()
     changed = ids[1]
     with psycopg.connect(pg_conn_str) as conn:
         conn.execute(
