@@ -142,8 +142,9 @@ SET_CHUNK_STORAGE = sql.SQL(
 )
 # Version 7: recall reads each fact's vector from osa_fact_terms (a copy written with the fact) and
 # checks that row against the governing row's content hash, instead of joining the chunk table for
-# every fact of the scope. Rows written before are filled from their chunks while the chunk still
-# holds the text they were computed from; the others are recomputed at query time as before.
+# every fact of the scope. Rows written before are filled (on the upgrade from an earlier version)
+# from their chunks while the chunk still holds the text they were computed from; the others are
+# recomputed at query time as before.
 ADD_TERMS_RECALL_COLUMNS = sql.SQL(
     """ALTER TABLE {schema}.osa_fact_terms
     ADD COLUMN IF NOT EXISTS content_hash CHAR(64),
@@ -186,6 +187,10 @@ END $$"""
 )
 VECTOR_SCHEMA = sql.SQL(
     "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'vector'"
+)
+TERMS_TRIGGERS_PRESENT = sql.SQL(
+    """SELECT count(*) = 2 FROM pg_trigger
+    WHERE tgrelid = to_regclass(%s) AND tgname IN ('osa_fact_terms_invalidate', 'osa_fact_terms_truncate')"""
 )
 DROP_TERMS_TRIGGERS = sql.SQL(
     """DROP TRIGGER IF EXISTS osa_fact_terms_invalidate ON {schema}.{table};
@@ -312,19 +317,25 @@ def ensure_schema(conn_str: str, config: MemoryConfig) -> InitReport:
         row = conn.execute(TERMS_EMBEDDING_STORAGE, (config.kb_schema,)).fetchone()
         if row is not None and row[0] != "m":
             conn.execute(SET_TERMS_STORAGE.format(schema=kb))
-        conn.execute(BACKFILL_TERMS.format(schema=kb, gov=gov, chunk=chunk))
-        row = conn.execute(VECTOR_SCHEMA).fetchone()
-        vector_schema = sql.Identifier(row[0] if row else "public")
-        conn.execute(CREATE_TERMS_INVALIDATE_FUNCTION.format(schema=kb, vector_schema=vector_schema))
-        conn.execute(DROP_TERMS_TRIGGERS.format(schema=kb, table=chunk))
-        conn.execute(CREATE_TERMS_TRIGGERS.format(schema=kb, table=chunk, marker=sql.Literal(MARKER_PREFIX)))
+        row = conn.execute(READ_VERSION.format(schema=mem)).fetchone()
+        report.version_before = row[0] if row else None
+        upgrading = report.version_before != SCHEMA_VERSION
+        if report.version_before is not None and report.version_before < 7:
+            conn.execute(BACKFILL_TERMS.format(schema=kb, gov=gov, chunk=chunk))
+        # The triggers are (re)created on an upgrade or when missing (a recreated chunk table), not at
+        # every start: CREATE TRIGGER locks the team's chunk table against writes while it runs.
+        row = conn.execute(TERMS_TRIGGERS_PRESENT, (f'"{config.kb_schema}"."{config.chunk_table}"',)).fetchone()
+        if upgrading or not (row and row[0]):
+            row = conn.execute(VECTOR_SCHEMA).fetchone()
+            vector_schema = sql.Identifier(row[0] if row else "public")
+            conn.execute(CREATE_TERMS_INVALIDATE_FUNCTION.format(schema=kb, vector_schema=vector_schema))
+            conn.execute(DROP_TERMS_TRIGGERS.format(schema=kb, table=chunk))
+            conn.execute(CREATE_TERMS_TRIGGERS.format(schema=kb, table=chunk, marker=sql.Literal(MARKER_PREFIX)))
         conn.execute(ADD_SEQ.format(schema=kb, table=gov))
         row = conn.execute(CHUNK_STORAGE, (config.kb_schema, config.chunk_table)).fetchone()
         if row is not None and (row[0] != "m" or f"toast_tuple_target={TOAST_TUPLE_TARGET}" not in row[1]):
             conn.execute(SET_CHUNK_STORAGE.format(schema=kb, table=chunk, target=sql.Literal(TOAST_TUPLE_TARGET)))
-        row = conn.execute(READ_VERSION.format(schema=mem)).fetchone()
-        report.version_before = row[0] if row else None
-        if report.version_before != SCHEMA_VERSION:
+        if upgrading:
             conn.execute(WRITE_VERSION.format(schema=mem), (SCHEMA_VERSION,))
         # Statistics on the scope expression make the planner pick the btree (docs/traps.md).
         conn.execute(ANALYZE.format(schema=kb, table=gov))

@@ -241,20 +241,31 @@ def test_schema_7_fills_rows_written_before_it(
     before = [memory.recall(q, caller=me)["facts"] for q in queries]
     names = hybrid_config.sql_names()
     changed = ids[1]
+    triggers = sql.SQL(
+        "SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass(%s) AND tgname LIKE 'osa_fact_terms_%%'"
+    )
+    chunk_table = f'"{hybrid_config.kb_schema}"."{hybrid_config.chunk_table}"'
     with psycopg.connect(pg_conn_str) as conn:
+        # back to schema 6: no recall columns filled, no triggers, version 6 recorded
         conn.execute(
             sql.SQL("UPDATE {schema}.osa_fact_terms SET content_hash = NULL, embedding = NULL").format(**names)
         )
-        # one chunk changed after its row was computed (bypassing the trigger, as schema 6 had none)
-        conn.execute(sql.SQL("ALTER TABLE {schema}.{chunk} DISABLE TRIGGER osa_fact_terms_invalidate").format(**names))
+        conn.execute(sql.SQL("DROP TRIGGER osa_fact_terms_invalidate ON {schema}.{chunk}").format(**names))
+        conn.execute(sql.SQL("DROP TRIGGER osa_fact_terms_truncate ON {schema}.{chunk}").format(**names))
+        conn.execute(sql.SQL("DELETE FROM {mem}.schema_version").format(**names))
+        conn.execute(sql.SQL("INSERT INTO {mem}.schema_version VALUES (6, now())").format(**names))
+        # one chunk changed after its row was computed
         conn.execute(
             sql.SQL("UPDATE {schema}.{chunk} SET content = content || ' (first Monday)' WHERE id = %s").format(**names),
             (changed,),
         )
-        conn.execute(sql.SQL("ALTER TABLE {schema}.{chunk} ENABLE TRIGGER osa_fact_terms_invalidate").format(**names))
+        assert conn.execute(triggers, (chunk_table,)).fetchone() == (0,)
     assert all(row[0] is None for row in _terms(pg_conn_str, hybrid_config).values())
     during = [memory.recall(q, caller=me)["facts"] for q in queries]
-    ensure_schema(pg_conn_str, hybrid_config)
+    report = ensure_schema(pg_conn_str, hybrid_config)
+    assert (report.version_before, report.version_after) == (6, 7)
+    with psycopg.connect(pg_conn_str) as conn:
+        assert conn.execute(triggers, (chunk_table,)).fetchone() == (2,)
     terms = _terms(pg_conn_str, hybrid_config)
     assert all(terms[d][0] is not None for d in ids if d != changed)
     assert terms[changed][0] is None  # its chunk no longer holds the text the row was computed from
@@ -335,3 +346,16 @@ def test_customer_chunk_updates_do_not_call_the_trigger_function(pg_conn_str: st
             sql.SQL("UPDATE {schema}.{chunk} SET content = content || '!' WHERE id = 'cust-1'").format(**names)
         )
         assert "cust-1" not in _terms(pg_conn_str, hybrid_config)
+
+
+def test_init_restores_missing_triggers(pg_conn_str: str, hybrid_config: MemoryConfig) -> None:
+    """At the current version `init` leaves the triggers alone, but puts them back when they are gone
+    (a chunk table dropped and recreated by other tools)."""
+    names = hybrid_config.sql_names()
+    chunk_table = f'"{hybrid_config.kb_schema}"."{hybrid_config.chunk_table}"'
+    count = "SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass(%s) AND tgname LIKE 'osa_fact_terms_%%'"
+    with psycopg.connect(pg_conn_str, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP TRIGGER osa_fact_terms_truncate ON {schema}.{chunk}").format(**names))
+        assert conn.execute(count, (chunk_table,)).fetchone() == (1,)
+        assert ensure_schema(pg_conn_str, hybrid_config).version_before == 7
+        assert conn.execute(count, (chunk_table,)).fetchone() == (2,)
