@@ -269,12 +269,12 @@ class OursSide:
                 generate_series(1, %(copies)s) n
             WHERE g.org_id = %(org)s AND g.metadata->>'assignment_id' = ANY(%(scopes)s)"""
         ).format(**names)
-        # The recall row written with each fact (lexical statistics, content hash, vector; schema 7),
+        # The recall row written with each fact (lexical statistics, content hash, vector; schema 8),
         # copied for the new chunks as our writer would have written it.
         copy_terms = sql.SQL(
             """INSERT INTO {schema}.osa_fact_terms
-                (document_id, language, content_md5, tsv, dl, content_hash, embedding)
-            SELECT c.meta->>'document_id', t.language, md5(c.content), t.tsv, t.dl, g.content_hash, c.embedding
+                (document_id, language, content_md5, terms, dl, content_hash, embedding)
+            SELECT c.meta->>'document_id', t.language, md5(c.content), t.terms, t.dl, g.content_hash, c.embedding
             FROM {schema}.{chunk} c
             JOIN {schema}.{gov} g ON g.id = c.meta->>'document_id'
             JOIN {schema}.osa_fact_terms t ON t.document_id = regexp_replace(c.meta->>'document_id', '-bg[0-9]+$', '')

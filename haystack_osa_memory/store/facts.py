@@ -54,6 +54,39 @@ INSERT_AUDIT = sql.SQL(
     """INSERT INTO {mem}.audit (actor, action, org_id, assignment_id, document_id, details)
     VALUES (%(actor)s, %(action)s, %(org_id)s, %(assignment_id)s, %(document_id)s, %(details)s)"""
 )
+# A fact's lexemes for ranking (`haystack_osa_memory.store.ranking.TERM_CODE`): one bytea of big-endian
+# int8s, ``hash * TERM_CODE + count`` per distinct lexeme of the tsvector ``{tsv}``, where ``hash`` is
+# the first 48 bits of the md5 of the lexeme's UTF-8 bytes (whatever the database encoding) and
+# ``count`` its positions (at most 256; a lexeme without positions counts 1). Written with the fact;
+# recall hashes the query's lexemes with the same expression (QUERY_TERMS) and matches the two in
+# numpy, so it no longer filters every fact's tsvector in SQL. Two lexemes share a 48-bit hash with a
+# probability of about 2^-48 per pair: a query term would then also count the other lexeme.
+LEXEME_HASH = sql.SQL("('x' || left(md5(convert_to({lexeme}, 'UTF8')), 12))::bit(48)::int8")
+PACKED_TERMS = sql.SQL(
+    """(SELECT coalesce(string_agg(int8send({hash} * {code} + coalesce(array_length(u.positions, 1), 1)), ''::bytea),
+                     ''::bytea)
+     FROM unnest({tsv}) u)"""
+)
+# A fact's length in lexeme occurrences (BM25's document length).
+LEXEME_COUNT = sql.SQL("(SELECT coalesce(sum(coalesce(array_length(u.positions, 1), 1)), 0) FROM unnest({tsv}) u)")
+# The hashes of the query's distinct lexemes (what `ranking.rank_scope` matches the facts' lexemes with).
+QUERY_TERMS = sql.SQL(
+    """SELECT coalesce(array_agg(DISTINCT {hash}), '{{}}'::int8[])
+    FROM unnest(tsvector_to_array(to_tsvector(%(language)s::regconfig, %(query)s))) AS q(lexeme)"""
+).format(hash=LEXEME_HASH.format(lexeme=sql.SQL("q.lexeme")))
+
+
+def packed_terms(tsv: sql.Composable) -> sql.Composed:
+    """`PACKED_TERMS` over the tsvector expression ``tsv``."""
+    lexeme_hash = LEXEME_HASH.format(lexeme=sql.SQL("u.lexeme"))
+    return PACKED_TERMS.format(hash=lexeme_hash, code=sql.Literal(TERM_CODE), tsv=tsv)
+
+
+def lexeme_count(tsv: sql.Composable) -> sql.Composed:
+    """`LEXEME_COUNT` over the tsvector expression ``tsv``."""
+    return LEXEME_COUNT.format(tsv=tsv)
+
+
 # One fact in one statement (one round trip; a batch goes through pipeline mode): governing row,
 # chunk, lexical statistics and, when asked, an audit row. Everything after the governing-row upsert
 # selects FROM it, so when that upsert refuses (the id belongs to another scope) nothing is written.
@@ -74,14 +107,13 @@ c AS (
     ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding, content = EXCLUDED.content, meta = EXCLUDED.meta
 ),
 t AS (
-    INSERT INTO {schema}.osa_fact_terms (document_id, language, content_md5, tsv, dl, content_hash, embedding)
-    SELECT %(chunk_id)s, %(language)s, md5(%(content)s), x.tsv,
-           (SELECT coalesce(sum(coalesce(array_length(u.positions, 1), 1)), 0) FROM unnest(x.tsv) u),
+    INSERT INTO {schema}.osa_fact_terms (document_id, language, content_md5, terms, dl, content_hash, embedding)
+    SELECT %(chunk_id)s, %(language)s, md5(%(content)s), {packed_terms}, {lexeme_count},
            %(content_hash)s, %(embedding)s::vector
     FROM g, (SELECT to_tsvector(%(language)s::regconfig,
                     regexp_replace(%(content)s, '^<!-- osa-memory:scope [^\n]* -->\n', '')) AS tsv) x
     ON CONFLICT (document_id) DO UPDATE SET
-        language = EXCLUDED.language, content_md5 = EXCLUDED.content_md5, tsv = EXCLUDED.tsv, dl = EXCLUDED.dl,
+        language = EXCLUDED.language, content_md5 = EXCLUDED.content_md5, terms = EXCLUDED.terms, dl = EXCLUDED.dl,
         content_hash = EXCLUDED.content_hash, embedding = EXCLUDED.embedding
 )
 SELECT id, status FROM g"""
@@ -90,21 +122,16 @@ SELECT id, status FROM g"""
 # The rows of one scope, in storing order (`seq`): the caller's governing rows and nothing else, so
 # there is no top-k before the scope is applied and a huge knowledge base of closer matches cannot
 # crowd an assignment's facts out. For each fact it returns what ranking needs
-# (`haystack_osa_memory.store.ranking`): the cosine with the query, the length in lexemes and, only
-# for facts holding a query term (`tsv @@ any term`), the positions of the query's lexemes it holds
-# and how often. These come from the fact's row in osa_fact_terms, written with the fact (lexical
-# statistics and a copy of the chunk's vector) and used while its content hash is the governing
-# row's; a fact without one (written by other tools, or before schema 7) is read from its chunk and
-# tokenised at query time. Reading one narrow row per fact instead of joining the chunk table took
-# a 680-fact scope from ~5 to ~3 ms. Text, metadata and timestamps are fetched afterwards for the
-# few facts returned (SCOPE_FACTS), from the chunk.
+# (`haystack_osa_memory.store.ranking`): the cosine with the query, the length in lexemes and the
+# packed lexemes (PACKED_TERMS), matched against the query's (QUERY_TERMS) in numpy. These come from
+# the fact's row in osa_fact_terms, written with the fact (lexical statistics and a copy of the
+# chunk's vector) and used while its content hash is the governing row's; a fact without one (written
+# by other tools, or before schema 7) is read from its chunk and tokenised at query time. Reading one
+# narrow row per fact instead of joining the chunk table took a 680-fact scope from ~5 to ~3 ms, and
+# matching lexemes in numpy instead of filtering each tsvector in SQL from ~4.4 to ~2.5 ms. Text,
+# metadata and timestamps are fetched afterwards for the few facts returned (SCOPE_FACTS).
 SCOPE_ROWS = sql.SQL(
-    """WITH p AS MATERIALIZED (
-    SELECT %(embedding)s::vector AS qv, q.lexemes, cardinality(q.lexemes) AS n_terms,
-           nullif(replace(plainto_tsquery(%(language)s::regconfig, %(query)s)::text, ' & ', ' | '), '')::tsquery AS anyq
-    FROM (SELECT tsvector_to_array(to_tsvector(%(language)s::regconfig, %(query)s)) AS lexemes) q
-),
-s AS MATERIALIZED (
+    """WITH s AS MATERIALIZED (
     SELECT g.id AS document_id, g.seq, g.created_at, g.metadata->>'expires_at' AS expires_at, g.content_hash
     FROM {schema}.{gov} g
     WHERE g.org_id = %(org_id)s
@@ -113,26 +140,20 @@ s AS MATERIALIZED (
       AND g.metadata->>'assignment_id' = %(assignment_id)s
 )
 SELECT s.document_id, coalesce(t.document_id, f.chunk_id) AS chunk_id, s.expires_at,
-       coalesce(1 - (coalesce(t.embedding, f.embedding) <=> p.qv), 'NaN') AS cos,
-       coalesce(t.dl, (SELECT coalesce(sum(coalesce(array_length(u.positions, 1), 1)), 0)
-                       FROM unnest(v.tsv) u))::float8 AS dl,
-       CASE WHEN v.tsv @@ p.anyq THEN
-           (SELECT array_agg(array_position(p.lexemes, u.lexeme) * {term_code}
-                             + coalesce(array_length(u.positions, 1), 1))
-            FROM unnest(ts_filter(setweight(setweight(v.tsv, 'D'), 'A', p.lexemes), '{{a}}')) u) END AS terms,
-       p.n_terms
-FROM s CROSS JOIN p
+       coalesce(1 - (coalesce(t.embedding, f.embedding) <=> %(embedding)s::vector), 'NaN') AS cos,
+       coalesce(t.dl, f.dl)::float8 AS dl, coalesce(t.terms, f.terms) AS terms
+FROM s
     LEFT JOIN {schema}.osa_fact_terms t
         ON t.document_id = s.document_id AND t.content_hash = s.content_hash AND t.language = %(language)s::text
+           AND t.terms IS NOT NULL
     LEFT JOIN LATERAL (
-        SELECT c.id AS chunk_id, c.embedding,
-               to_tsvector(%(language)s::regconfig,
-                           regexp_replace(c.content, '^<!-- osa-memory:scope [^\n]* -->\n', '')) AS tsv
-        FROM {schema}.{chunk} c
+        SELECT c.id AS chunk_id, c.embedding, {chunk_count} AS dl, {chunk_terms} AS terms
+        FROM {schema}.{chunk} c,
+             LATERAL (SELECT to_tsvector(%(language)s::regconfig,
+                             regexp_replace(c.content, '^<!-- osa-memory:scope [^\n]* -->\n', '')) AS tsv) v
         WHERE t.document_id IS NULL AND c.meta->>'document_id' = s.document_id
         OFFSET 0  -- a fence: the planner would otherwise hash-join every chunk of the table
     ) f ON true
-    CROSS JOIN LATERAL (SELECT coalesce(t.tsv, f.tsv) AS tsv) v
 WHERE t.document_id IS NOT NULL OR f.chunk_id IS NOT NULL
 ORDER BY s.seq, s.created_at, s.document_id"""
 )
@@ -228,10 +249,19 @@ class FactRepository:
         self.config = config
         names = config.sql_names()
         self._upsert_row = UPSERT_GOVERNING_ROW.format(**names)
-        self._scope_rows = SCOPE_ROWS.format(**names, term_code=sql.Literal(TERM_CODE))
+        chunk_tsv = sql.SQL("v.tsv")
+        self._scope_rows = SCOPE_ROWS.format(
+            **names, chunk_count=lexeme_count(chunk_tsv), chunk_terms=packed_terms(chunk_tsv)
+        )
         self._scope_facts = SCOPE_FACTS.format(**names)
         self._governing_rows = GOVERNING_ROWS.format(**names)
-        self._write_fact = WRITE_FACT.format(upsert_row=self._upsert_row, **names)
+        fact_tsv = sql.SQL("x.tsv")
+        self._write_fact = WRITE_FACT.format(
+            upsert_row=self._upsert_row,
+            packed_terms=packed_terms(fact_tsv),
+            lexeme_count=lexeme_count(fact_tsv),
+            **names,
+        )
 
     def write(
         self,
@@ -335,10 +365,11 @@ class FactRepository:
             "embedding": vector_literal(embedding),
         }
         with self._reading(conn) as c, c.cursor(binary=True) as cur:
+            query_terms = self.query_terms(query, conn=c)
             rows = cur.execute(self._scope_rows, params).fetchall()
         if not rows:
             return []
-        document_ids, chunk_ids, expires, cos, dl, terms, n_terms = zip(*rows, strict=True)
+        document_ids, chunk_ids, expires, cos, dl, terms = zip(*rows, strict=True)
         return [
             ScopeHit(
                 document_ids[r.index],
@@ -351,7 +382,7 @@ class FactRepository:
                 r.fused,
                 r.index + 1,
             )
-            for r in rank_scope(cos, dl, terms, n_terms[0], ranking)
+            for r in rank_scope(cos, dl, terms, query_terms, ranking)
         ]
 
     def candidates(
@@ -396,6 +427,12 @@ class FactRepository:
                     )
                 )
         return found
+
+    def query_terms(self, query: str, *, conn: psycopg.Connection[Any] | None = None) -> list[int]:
+        """The hashes of the query's distinct lexemes (`QUERY_TERMS`), what `rank_scope` matches facts with."""
+        with self._reading(conn) as c:
+            row = c.execute(QUERY_TERMS, {"language": self.config.language, "query": query}).fetchone()
+        return list(row[0]) if row else []
 
     @property
     def scope_rows_statement(self) -> sql.Composed:

@@ -1,10 +1,11 @@
 """Ranking of one scope's facts: BM25 with a context window, exact cosine, convex fusion.
 
 The scoped statement (`haystack_osa_memory.store.facts`) reads the caller's facts, and only them, in
-storing order: each fact's cosine with the query, its length in lexemes and how often it holds each
-query term. This module turns those rows into the three rankings, with numpy, in well under a
-millisecond for an assignment of a thousand facts; doing the same arithmetic in SQL cost several
-milliseconds of executor work (CTEs, a cross join per window offset, grouping, window functions).
+storing order: each fact's cosine with the query, its length in lexemes and its lexemes, packed
+(`TERM_CODE`). This module matches those lexemes against the query's and turns the rows into the
+three rankings, with numpy, in well under a millisecond for an assignment of a thousand facts. Doing
+the same arithmetic in SQL cost several milliseconds of executor work (CTEs, a cross join per window
+offset, grouping, window functions), and so did matching each fact's tsvector against the query there.
 
 The arithmetic is, for facts ``i`` in storing order and a context window of ``w`` facts either side:
 
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 import numpy.typing as npt
@@ -85,16 +85,50 @@ def _ranks(values: Floats, eligible: npt.NDArray[np.bool_]) -> npt.NDArray[np.in
     return ranks
 
 
-#: A fact's query terms travel packed, one int per term: ``position_in_query * TERM_CODE + count``
-#: (PostgreSQL keeps at most 256 positions per lexeme, so the count fits below 1024).
+#: A fact's lexemes travel as one bytes value of big-endian 8-byte ints, one per distinct lexeme:
+#: ``lexeme_hash * TERM_CODE + count``, where ``count`` is how often the lexeme occurs (PostgreSQL keeps
+#: at most 256 positions per lexeme, so it fits below 1024) and ``lexeme_hash`` a 48-bit hash of the
+#: lexeme (`haystack_osa_memory.store.facts.LEXEME_HASH`; the query's lexemes are hashed the same way).
 TERM_CODE = 1024
+
+
+def term_counts(terms: Sequence[bytes | None], query_terms: Sequence[int]) -> Floats:
+    """``f[i, t]``: how often fact ``i`` holds query term ``t`` (the ``t``-th of ``query_terms``).
+
+    :param terms: each fact's packed lexemes (`TERM_CODE`; ``None`` or empty: none).
+    :param query_terms: the hashes of the query's distinct lexemes.
+    :raises ValueError: a packed value is not 8 bytes long, or a count is 0.
+    """
+    n = len(terms)
+    f: Floats = np.zeros((n, len(query_terms)), dtype=np.float64)
+    blobs = [b or b"" for b in terms]
+    lengths = np.fromiter(map(len, blobs), dtype=np.int64, count=n)
+    if (lengths % 8).any():
+        msg = "packed lexemes must be whole 8-byte values"
+        raise ValueError(msg)
+    if not len(query_terms) or not lengths.any():
+        return f
+    packed = np.frombuffer(b"".join(blobs), dtype=">i8").astype(np.int64)
+    often = packed % TERM_CODE
+    if (often == 0).any():
+        msg = "a packed lexeme count is 0; counts run from 1 to 1023"
+        raise ValueError(msg)
+    hashes = packed // TERM_CODE
+    wanted = np.asarray(query_terms, dtype=np.int64)
+    order = np.argsort(wanted, kind="stable")
+    ordered = wanted[order]
+    at = np.minimum(np.searchsorted(ordered, hashes), ordered.shape[0] - 1)
+    held = ordered[at] == hashes
+    rows = np.repeat(np.arange(n), lengths // 8)
+    np.add.at(f, (rows[held], order[at[held]]), often[held].astype(np.float64))
+    return f
 
 
 def rank_scope(
     cos: Sequence[float],
     dl: Sequence[float],
-    terms: Sequence[Sequence[int] | None],
-    n_terms: int,
+    terms: Sequence[bytes | None],
+    query_terms: Sequence[int],
     params: RankingParams,
 ) -> list[RankedFact]:
     """The scope's facts that are within ``params.k`` on the lexical, vector or fused ranking.
@@ -103,11 +137,10 @@ def rank_scope(
 
     :param cos: cosine with the query, NaN for a fact without an embedding (or a query without one).
     :param dl: length of the fact in lexemes.
-    :param terms: the query terms the fact holds, packed as ``position * TERM_CODE + count`` with the
-        1-based position of the term in the query's lexeme list (``None`` or empty: none).
-    :param n_terms: how many lexemes the query has.
+    :param terms: the fact's lexemes, packed (`TERM_CODE`; ``None`` or empty: none).
+    :param query_terms: the hashes of the query's distinct lexemes (a repeated hash counts once).
     :returns: the selected facts, in storing order.
-    :raises ValueError: the columns differ in length, or a packed count is 0 or too large.
+    :raises ValueError: the columns differ in length, or a packed value is malformed.
     """
     n = len(cos)
     if not len(dl) == len(terms) == n:
@@ -115,6 +148,7 @@ def rank_scope(
         raise ValueError(msg)
     if n == 0:
         return []
+    query_terms = list(dict.fromkeys(query_terms))
     w = params.window
     cosine: Floats = np.asarray(cos, dtype=np.float64)
     length: Floats = np.asarray(dl, dtype=np.float64)
@@ -124,18 +158,8 @@ def rank_scope(
     vector = np.where(has_cos, cos0 + params.vec_ctx * (_window_sum(cos0, w) - cos0), np.nan)
 
     lexical = np.full(n, np.nan)
-    counts = [len(held) if held else 0 for held in terms]
-    if n_terms > 0 and any(counts):
-        packed = np.fromiter(chain.from_iterable(held for held in terms if held), dtype=np.int64)
-        often = packed % TERM_CODE
-        if (often == 0).any():
-            msg = "a packed term count is 0; counts run from 1 to 1023"
-            raise ValueError(msg)
-        term_index = packed // TERM_CODE - 1
-        at_row = np.repeat(np.arange(n), counts)
-        valid = (term_index >= 0) & (term_index < n_terms)
-        f = np.zeros((n, n_terms), dtype=np.float64)
-        np.add.at(f, (at_row[valid], term_index[valid]), often[valid].astype(np.float64))
+    f = term_counts(terms, query_terms)
+    if f.any():
         tf = f + params.lex_ctx * (_window_sum(f, w) - f) if params.lex_ctx > 0 and w > 0 else f
         present = tf > 0
         if present.any():

@@ -19,8 +19,9 @@ from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.database import transaction
 from haystack_osa_memory.errors import SchemaError
 from haystack_osa_memory.markers import MARKER_PREFIX
+from haystack_osa_memory.store.facts import packed_terms
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 CREATE_EXTENSION = sql.SQL("CREATE EXTENSION IF NOT EXISTS vector")
 CREATE_SCHEMA = sql.SQL("CREATE SCHEMA IF NOT EXISTS {schema}")
@@ -113,14 +114,17 @@ CREATE_SWITCHES_TABLE = sql.SQL(
 )
 # Version 3: tokens may grant several assignments.
 ADD_TOKEN_GRANTS = sql.SQL("ALTER TABLE {schema}.tokens ADD COLUMN IF NOT EXISTS assignment_ids TEXT[]")
-# Version 4: lexical statistics of facts precomputed at write time.
+# Version 4: lexical statistics of facts precomputed at write time (in their version-8 form: the
+# version-7 columns and the packed lexemes; earlier tables are brought there below).
 CREATE_TERMS_TABLE = sql.SQL(
     """CREATE TABLE IF NOT EXISTS {schema}.osa_fact_terms (
     document_id VARCHAR(128) PRIMARY KEY,
     language TEXT NOT NULL,
     content_md5 TEXT NOT NULL,
-    tsv TSVECTOR NOT NULL,
-    dl DOUBLE PRECISION NOT NULL)"""
+    dl DOUBLE PRECISION NOT NULL,
+    content_hash CHAR(64),
+    embedding vector,
+    terms BYTEA)"""
 )
 # Version 5: facts keep their storing order (recall scores a fact with its neighbours). Adding an
 # identity column numbers the existing rows.
@@ -162,6 +166,17 @@ BACKFILL_TERMS = sql.SQL(
     WHERE t.content_hash IS NULL AND g.id = t.document_id AND c.id = t.document_id
       AND c.meta->>'document_id' = g.id AND t.content_md5 = md5(c.content)"""
 )
+# Version 8: a fact's lexemes are stored packed (`haystack_osa_memory.store.facts.PACKED_TERMS`) instead
+# of as a tsvector, so recall matches them against the query in numpy. On the upgrade, the packed form
+# is computed from each row's tsvector and the tsvector column dropped.
+ADD_TERMS_PACKED = sql.SQL("ALTER TABLE {schema}.osa_fact_terms ADD COLUMN IF NOT EXISTS terms BYTEA")
+TERMS_HAS_TSV = sql.SQL(
+    """SELECT count(*) > 0 FROM pg_attribute a
+    JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = %s AND c.relname = 'osa_fact_terms' AND a.attname = 'tsv' AND NOT a.attisdropped"""
+)
+BACKFILL_PACKED = sql.SQL("UPDATE {schema}.osa_fact_terms SET terms = {packed} WHERE terms IS NULL")
+DROP_TERMS_TSV = sql.SQL("ALTER TABLE {schema}.osa_fact_terms DROP COLUMN tsv")
 # A fact's row in osa_fact_terms is dropped when other tools change or delete its chunk (content or
 # vector), so recall falls back to reading the chunk. Our own write changes both in one statement;
 # row triggers fire at its end, when the two agree again, and leave the row alone. SECURITY DEFINER
@@ -322,6 +337,11 @@ def ensure_schema(conn_str: str, config: MemoryConfig) -> InitReport:
         upgrading = report.version_before != SCHEMA_VERSION
         if report.version_before is not None and report.version_before < 7:
             conn.execute(BACKFILL_TERMS.format(schema=kb, gov=gov, chunk=chunk))
+        conn.execute(ADD_TERMS_PACKED.format(schema=kb))
+        row = conn.execute(TERMS_HAS_TSV, (config.kb_schema,)).fetchone()
+        if row is not None and row[0]:
+            conn.execute(BACKFILL_PACKED.format(schema=kb, packed=packed_terms(sql.SQL("tsv"))))
+            conn.execute(DROP_TERMS_TSV.format(schema=kb))
         # The triggers are (re)created on an upgrade or when missing (a recreated chunk table), not at
         # every start: CREATE TRIGGER locks the team's chunk table against writes while it runs.
         row = conn.execute(TERMS_TRIGGERS_PRESENT, (f'"{config.kb_schema}"."{config.chunk_table}"',)).fetchone()

@@ -231,11 +231,48 @@ def test_other_tools_changing_a_chunk_are_seen_by_recall(
     assert untouched not in [f["document_id"] for f in memory.recall("acknowledge pages", caller=me)["facts"]]
 
 
+def _terms_column(conn_str: str, cfg: MemoryConfig, column: str) -> dict[str, Any]:
+    query = sql.SQL("SELECT document_id, {} FROM {}.osa_fact_terms").format(
+        sql.Identifier(column), sql.Identifier(cfg.kb_schema)
+    )
+    with psycopg.connect(conn_str) as conn:
+        return dict(conn.execute(query).fetchall())
+
+
+def _back_to_version(conn: psycopg.Connection[Any], cfg: MemoryConfig, version: int) -> None:
+    """The recall rows as schema ``version`` (6 or 7) left them: a tsvector instead of packed lexemes
+    (as those versions computed it from the text without the marker line); on 6, no content hash, no
+    vector and no triggers."""
+    names = cfg.sql_names()
+    conn.execute(sql.SQL("ALTER TABLE {schema}.osa_fact_terms ADD COLUMN tsv TSVECTOR").format(**names))
+    conn.execute(
+        sql.SQL(
+            """UPDATE {schema}.osa_fact_terms t SET tsv = to_tsvector('english',
+                   regexp_replace(c.content, '^<!-- osa-memory:scope [^\\n]* -->\\n', ''))
+            FROM {schema}.{chunk} c WHERE c.id = t.document_id"""
+        ).format(**names)
+    )
+    conn.execute(sql.SQL("ALTER TABLE {schema}.osa_fact_terms ALTER COLUMN tsv SET NOT NULL").format(**names))
+    conn.execute(sql.SQL("ALTER TABLE {schema}.osa_fact_terms DROP COLUMN terms").format(**names))
+    if version == 6:
+        conn.execute(
+            sql.SQL("UPDATE {schema}.osa_fact_terms SET content_hash = NULL, embedding = NULL").format(**names)
+        )
+        conn.execute(sql.SQL("DROP TRIGGER osa_fact_terms_invalidate ON {schema}.{chunk}").format(**names))
+        conn.execute(sql.SQL("DROP TRIGGER osa_fact_terms_truncate ON {schema}.{chunk}").format(**names))
+    conn.execute(sql.SQL("DELETE FROM {mem}.schema_version").format(**names))
+    conn.execute(sql.SQL("INSERT INTO {mem}.schema_version VALUES (%s, now())").format(**names), (version,))
+
+
+def _ranked(answers: list[list[dict[str, Any]]]) -> list[list[tuple[str, float]]]:
+    return [[(f["document_id"], round(f["score"], 9)) for f in facts] for facts in answers]
+
+
 def test_schema_7_fills_rows_written_before_it(
     pg_conn_str: str, hybrid_config: MemoryConfig, minilm: tuple[Any, Any]
 ) -> None:
-    """Rows from schema 6 (no content hash, no vector) are filled by `init` while their chunk is unchanged;
-    until then recall reads the chunks, with the same answers."""
+    """Rows from schema 6 (no content hash, no vector) are filled by `init` while their chunk is unchanged,
+    and recall reads the chunk of the others, with the same answers as from filled rows."""
     memory, me, ids = _store_facts(hybrid_config, minilm)
     queries = ["which city hosts servers in Germany?", "invoice day", "pages", "Kotlin"]
     before = [memory.recall(q, caller=me)["facts"] for q in queries]
@@ -246,14 +283,7 @@ def test_schema_7_fills_rows_written_before_it(
     )
     chunk_table = f'"{hybrid_config.kb_schema}"."{hybrid_config.chunk_table}"'
     with psycopg.connect(pg_conn_str) as conn:
-        # back to schema 6: no recall columns filled, no triggers, version 6 recorded
-        conn.execute(
-            sql.SQL("UPDATE {schema}.osa_fact_terms SET content_hash = NULL, embedding = NULL").format(**names)
-        )
-        conn.execute(sql.SQL("DROP TRIGGER osa_fact_terms_invalidate ON {schema}.{chunk}").format(**names))
-        conn.execute(sql.SQL("DROP TRIGGER osa_fact_terms_truncate ON {schema}.{chunk}").format(**names))
-        conn.execute(sql.SQL("DELETE FROM {mem}.schema_version").format(**names))
-        conn.execute(sql.SQL("INSERT INTO {mem}.schema_version VALUES (6, now())").format(**names))
+        _back_to_version(conn, hybrid_config, 6)
         # one chunk changed after its row was computed
         conn.execute(
             sql.SQL("UPDATE {schema}.{chunk} SET content = content || ' (first Monday)' WHERE id = %s").format(**names),
@@ -261,24 +291,64 @@ def test_schema_7_fills_rows_written_before_it(
         )
         assert conn.execute(triggers, (chunk_table,)).fetchone() == (0,)
     assert all(row[0] is None for row in _terms(pg_conn_str, hybrid_config).values())
-    during = [memory.recall(q, caller=me)["facts"] for q in queries]
     report = ensure_schema(pg_conn_str, hybrid_config)
-    assert (report.version_before, report.version_after) == (6, 7)
+    assert (report.version_before, report.version_after) == (6, 8)
     with psycopg.connect(pg_conn_str) as conn:
         assert conn.execute(triggers, (chunk_table,)).fetchone() == (2,)
     terms = _terms(pg_conn_str, hybrid_config)
     assert all(terms[d][0] is not None for d in ids if d != changed)
     assert terms[changed][0] is None  # its chunk no longer holds the text the row was computed from
     after = [memory.recall(q, caller=me)["facts"] for q in queries]
-
-    def ranked(answers: list[list[dict[str, Any]]]) -> list[list[tuple[str, float]]]:
-        return [[(f["document_id"], round(f["score"], 9)) for f in facts] for facts in answers]
-
-    assert ranked(during) == ranked(after)
     assert after[1][0]["content"].endswith("(first Monday)")
     assert [[f["document_id"] for f in facts] for facts in before] == [
         [f["document_id"] for f in facts] for facts in after
     ]
+    # Every fact read from its chunk (no filled row) ranks exactly as from the rows.
+    with psycopg.connect(pg_conn_str) as conn:
+        conn.execute(sql.SQL("UPDATE {schema}.osa_fact_terms SET content_hash = NULL").format(**names))
+    assert _ranked([memory.recall(q, caller=me)["facts"] for q in queries]) == _ranked(after)
+
+
+def test_schema_8_packs_the_lexemes_of_earlier_rows(
+    pg_conn_str: str, hybrid_config: MemoryConfig, minilm: tuple[Any, Any]
+) -> None:
+    """Rows from schema 7 hold a tsvector: `init` packs their lexemes exactly as a write does, drops the
+    tsvector column, and recall answers as before, to the score."""
+    memory, me, ids = _store_facts(hybrid_config, minilm)
+    queries = ["which city hosts servers in Germany?", "invoice day", "pages", "Kotlin", "Swift app"]
+    before = [memory.recall(q, caller=me)["facts"] for q in queries]
+    written = _terms_column(pg_conn_str, hybrid_config, "terms")
+    assert sorted(written) == sorted(ids)
+    assert all(isinstance(v, bytes) and v and len(v) % 8 == 0 for v in written.values())
+    with psycopg.connect(pg_conn_str) as conn:
+        _back_to_version(conn, hybrid_config, 7)
+    report = ensure_schema(pg_conn_str, hybrid_config)
+    assert (report.version_before, report.version_after) == (7, 8)
+    assert _terms_column(pg_conn_str, hybrid_config, "terms") == written
+    with pytest.raises(psycopg.errors.UndefinedColumn):
+        _terms_column(pg_conn_str, hybrid_config, "tsv")
+    assert _ranked([memory.recall(q, caller=me)["facts"] for q in queries]) == _ranked(before)
+    assert ensure_schema(pg_conn_str, hybrid_config).version_before == 8
+
+
+def test_query_and_fact_lexemes_hash_alike(pg_conn_str: str, hybrid_config: MemoryConfig) -> None:
+    """The packed lexemes of a fact and the hashes of a query agree for non-ASCII words and repeats, and
+    a count is the lexeme's positions."""
+    from haystack_osa_memory.store.facts import LEXEME_HASH, QUERY_TERMS, packed_terms
+
+    text = "Zoë visited Zürich; Zürich again, and naïve café owners in Zürich"
+    with psycopg.connect(pg_conn_str) as conn:
+        query_terms = conn.execute(QUERY_TERMS, {"language": "english", "query": text}).fetchone()[0]
+        pack = sql.SQL("SELECT {} FROM (SELECT to_tsvector('english', %s) AS tsv) x")
+        packed = conn.execute(pack.format(packed_terms(sql.SQL("x.tsv"))), (text,)).fetchone()[0]
+        zurich = conn.execute(sql.SQL("SELECT {}").format(LEXEME_HASH.format(lexeme=sql.Literal("zürich")))).fetchone()[
+            0
+        ]
+    values = [int.from_bytes(packed[i : i + 8], "big") for i in range(0, len(packed), 8)]
+    counts = {v // 1024: v % 1024 for v in values}
+    assert sorted(counts) == sorted(query_terms)
+    assert counts[zurich] == 3
+    assert 0 <= zurich < 1 << 48
 
 
 def test_a_role_without_rights_on_the_recall_rows_can_still_update_chunks(
@@ -328,8 +398,8 @@ def test_customer_chunk_updates_do_not_call_the_trigger_function(pg_conn_str: st
         )
         conn.execute(
             sql.SQL(
-                "INSERT INTO {schema}.osa_fact_terms (document_id, language, content_md5, tsv, dl) "
-                "VALUES ('cust-1', 'english', 'stale', ''::tsvector, 0)"
+                "INSERT INTO {schema}.osa_fact_terms (document_id, language, content_md5, terms, dl) "
+                "VALUES ('cust-1', 'english', 'stale', ''::bytea, 0)"
             ).format(**names)
         )
         conn.execute(
@@ -357,5 +427,5 @@ def test_init_restores_missing_triggers(pg_conn_str: str, hybrid_config: MemoryC
     with psycopg.connect(pg_conn_str, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP TRIGGER osa_fact_terms_truncate ON {schema}.{chunk}").format(**names))
         assert conn.execute(count, (chunk_table,)).fetchone() == (1,)
-        assert ensure_schema(pg_conn_str, hybrid_config).version_before == 7
+        assert ensure_schema(pg_conn_str, hybrid_config).version_before == 8
         assert conn.execute(count, (chunk_table,)).fetchone() == (2,)

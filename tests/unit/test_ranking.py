@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from haystack_osa_memory.store.ranking import TERM_CODE, RankedFact, RankingParams, rank_scope
+from haystack_osa_memory.store.ranking import TERM_CODE, RankedFact, RankingParams, rank_scope, term_counts
 
 Row = tuple[float, float, list[int] | None, list[int] | None]
 
@@ -70,14 +70,26 @@ def reference(rows: list[Row], n_terms: int, p: RankingParams) -> dict[int, tupl
     }
 
 
-def _pack(terms: list[int] | None, tfs: list[int] | None) -> list[int] | None:
-    return None if not terms else [t * TERM_CODE + c for t, c in zip(terms, tfs or [], strict=True)]
+def _hash(term: int) -> int:
+    """A made-up 48-bit lexeme hash for term number ``term`` (query term ``t`` is the ``t``-th, from 1)."""
+    return (term * 2654435761 + 12345) % (1 << 48)
+
+
+def _pack(terms: list[int] | None, tfs: list[int] | None) -> bytes | None:
+    """Packed as PostgreSQL writes it: big-endian int8 ``hash * TERM_CODE + count`` per lexeme."""
+    if not terms:
+        return None
+    return b"".join((_hash(t) * TERM_CODE + c).to_bytes(8, "big") for t, c in zip(terms, tfs or [], strict=True))
+
+
+def _query(n_terms: int) -> list[int]:
+    return [_hash(t) for t in range(1, n_terms + 1)]
 
 
 def _rank(rows: list[Row], n_terms: int, p: RankingParams) -> list[RankedFact]:
     cos = [r[0] for r in rows]
     dl = [r[1] for r in rows]
-    return rank_scope(cos, dl, [_pack(r[2], r[3]) for r in rows], n_terms, p)
+    return rank_scope(cos, dl, [_pack(r[2], r[3]) for r in rows], _query(n_terms), p)
 
 
 def _random_scope(rnd: random.Random, n: int, n_terms: int) -> list[Row]:
@@ -171,9 +183,37 @@ def test_negative_cosines_do_not_flip_the_vector_side() -> None:
 
 def test_bad_input_refused() -> None:
     with pytest.raises(ValueError, match="one entry per fact"):
-        rank_scope([0.1, 0.2], [1.0], [None, None], 1, RankingParams(k=5))
+        rank_scope([0.1, 0.2], [1.0], [None, None], _query(1), RankingParams(k=5))
     with pytest.raises(ValueError, match="count is 0"):
-        rank_scope([0.1], [1.0], [[1 * TERM_CODE]], 2, RankingParams(k=5))
+        rank_scope([0.1], [1.0], [(_hash(1) * TERM_CODE).to_bytes(8, "big")], _query(2), RankingParams(k=5))
+    with pytest.raises(ValueError, match="whole 8-byte values"):
+        rank_scope([0.1], [1.0], [b"\x00" * 7], _query(1), RankingParams(k=5))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_term_counts_match_a_loop(seed: int) -> None:
+    """Each fact's counts of each query term, as a dictionary lookup per lexeme gives them (lexemes
+    of the fact outside the query, query terms held by no fact, facts without lexemes)."""
+    rnd = random.Random(seed)
+    query = [rnd.getrandbits(48) for _ in range(rnd.randint(0, 6))]
+    others = [rnd.getrandbits(48) for _ in range(20)]
+    facts = [rnd.sample(query + others, rnd.randint(0, min(8, len(query) + 20))) for _ in range(30)]
+    counts = [{h: rnd.randint(1, 256) for h in fact} for fact in facts]
+    blobs = [b"".join((h * TERM_CODE + c).to_bytes(8, "big") for h, c in held.items()) or None for held in counts]
+    got = term_counts(blobs, query)
+    assert got.shape == (30, len(query))
+    for i, held in enumerate(counts):
+        assert list(got[i]) == [float(held.get(h, 0)) for h in query]
+
+
+def test_a_repeated_query_hash_counts_once() -> None:
+    rows: list[Row] = [(math.nan, 2.0, [1], [1]), (math.nan, 2.0, [2], [1])]
+    params = RankingParams(k=5, window=0, lex_ctx=0.0)
+    once = rank_scope([r[0] for r in rows], [r[1] for r in rows], [_pack(r[2], r[3]) for r in rows], _query(2), params)
+    twice = rank_scope(
+        [r[0] for r in rows], [r[1] for r in rows], [_pack(r[2], r[3]) for r in rows], _query(2) * 2, params
+    )
+    assert once == twice
 
 
 def test_packed_counts_up_to_postgres_limit() -> None:
@@ -186,7 +226,7 @@ def test_packed_counts_up_to_postgres_limit() -> None:
 
 
 def test_terms_outside_the_query_are_ignored() -> None:
-    rows: list[Row] = [(math.nan, 2.0, [0, 7], [1, 1]), (math.nan, 2.0, [1], [1])]
+    rows: list[Row] = [(math.nan, 2.0, [0, 7], [1, 1]), (math.nan, 2.0, [1], [1])]  # 0 and 7: not query terms
     hits = _rank(rows, 1, RankingParams(k=5, window=0, lex_ctx=0.0))
     assert [h.index for h in hits] == [1]
 
