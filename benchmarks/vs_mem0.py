@@ -96,7 +96,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -151,17 +151,25 @@ class EmbedClock:
         setattr(owner, method, timed)
 
 
-class Side(Protocol):
-    """One memory system on one base (schema or table)."""
+class Recaller(Protocol):
+    """What the recall phase needs of a system."""
 
     name: str
     clock: EmbedClock
 
+    def recall(self, scope: str, query: str, k: int) -> list[str]: ...
+
+    def close(self) -> None: ...
+
+    def drop(self) -> None: ...
+
+
+class Side(Recaller, Protocol):
+    """One memory system on one base (schema or table)."""
+
     def store_one(self, scope: str, fact: str) -> str: ...
 
     def store_batch(self, scope: str, facts: list[str]) -> int: ...
-
-    def recall(self, scope: str, query: str, k: int) -> list[str]: ...
 
     def fact_rows(self, scope: str) -> dict[str, int]: ...
 
@@ -170,10 +178,6 @@ class Side(Protocol):
     def total_rows(self) -> int: ...
 
     def add_background(self, scopes: list[str], copies: int) -> int: ...
-
-    def close(self) -> None: ...
-
-    def drop(self) -> None: ...
 
 
 class OursSide:
@@ -301,6 +305,30 @@ class OursSide:
         close_pools()
         with psycopg.connect(self.conn_str, autocommit=True, prepare_threshold=None) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self.schema)))
+
+
+class OursLexicalSide:
+    """Ours without a query embedder (``OSA_MEMORY_EMBEDDER=none``), recalling what `OursSide` stored in
+    its schema: the lexical side of the same ranking, no query embedding and no cosine. Recall only."""
+
+    name = "ours_lexical"
+
+    def __init__(self, ours: OursSide) -> None:
+        self.memory = Memory(ours.config, use_default_embedders=False)
+        self.memory.warm_up()
+        self.clock = EmbedClock()  # nothing to embed: stays at zero
+        self.degraded = 0
+
+    def recall(self, scope: str, query: str, k: int) -> list[str]:
+        answer = self.memory.recall(query, limit=k, caller=OursSide.caller(scope))
+        return [str(f["document_id"]) for f in answer["facts"]]
+
+    def close(self) -> None:
+        close_pools()
+
+    def drop(self) -> None:
+        """The schema is `OursSide`'s, dropped with it."""
+        self.close()
 
 
 class _NoLLM:
@@ -601,7 +629,10 @@ def progress(enabled: bool) -> Progress:
     )
 
 
-def alternate(sides: Sequence[Side], index: int) -> list[Side]:
+R = TypeVar("R", bound=Recaller)
+
+
+def alternate(sides: Sequence[R], index: int) -> list[R]:
     """Both systems, the first one changing every call (so neither always runs on a warmer machine)."""
     return list(sides) if index % 2 == 0 else list(reversed(sides))
 
@@ -681,14 +712,14 @@ def scored_questions(conv: Conversation, limit: int | None) -> list[Any]:
     return questions[:limit] if limit is not None else questions
 
 
-def expected_rows(side: Side, scope: str, query: str, k: int, index: ScopeIndex) -> int:
+def expected_rows(side: Recaller, scope: str, query: str, k: int, index: ScopeIndex) -> int:
     """How many facts a complete answer has: what the scope can give (mem0: past its threshold)."""
     if isinstance(side, Mem0Side):
         return min(k, side.passing_rows(scope, side.embed_query(query), MEM0_THRESHOLD))
     return min(k, len(index.ids[side.name][scope]))
 
 
-def check_answer(side: Side, scope: str, ids: list[str], index: ScopeIndex, result: SideResult) -> int:
+def check_answer(side: Recaller, scope: str, ids: list[str], index: ScopeIndex, result: SideResult) -> int:
     """Counts results stored in another scope (or unknown); returns how many leaked."""
     own = index.ids[side.name][scope]
     leaks = 0
@@ -703,7 +734,7 @@ def check_answer(side: Side, scope: str, ids: list[str], index: ScopeIndex, resu
 
 def recall_all(
     conversations: Sequence[Conversation],
-    sides: Sequence[Side],
+    sides: Sequence[Recaller],
     results: dict[str, SideResult],
     index: ScopeIndex,
     k: int,
@@ -868,6 +899,10 @@ def compare(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "R@5": ratio(o["quality"].get("R@5"), m["quality"].get("R@5")),
         "R@10": ratio(o["quality"].get("R@10"), m["quality"].get("R@10")),
     }
+    if "ours_lexical" in summaries:
+        lexical = summaries["ours_lexical"]
+        r["lexical_recall_p50"] = ratio(lexical["recall"].get("p50_ms"), m["recall"].get("p50_ms"))
+        r["lexical_R@10"] = ratio(lexical["quality"].get("R@10"), m["quality"].get("R@10"))
 
     def holds(value: float | None, test: Callable[[float], bool]) -> bool | None:
         return None if value is None else test(value)
@@ -877,6 +912,9 @@ def compare(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "store_throughput_at_least_2x_single": holds(r["store_single_throughput"], lambda x: x >= 2.0),
         "store_throughput_at_least_2x_batch": holds(r["store_batch_throughput"], lambda x: x >= 2.0),
         "higher_R@10": holds(r["R@10"], lambda x: x > 1.0),
+        # A configuration, not the default: without a query embedder (lexical ranking only).
+        "lexical_recall_p50_at_most_half": holds(r.get("lexical_recall_p50"), lambda x: x <= 0.5),
+        "lexical_higher_R@10": holds(r.get("lexical_R@10"), lambda x: x > 1.0),
         "zero_duplicates_ours": o["duplicates"].get("single", {}).get("extra_rows") == 0
         and o["duplicates"].get("batch", {}).get("extra_rows") == 0,
         "zero_cross_scope_ours": o["isolation"]["cross_scope_results"] == 0
@@ -959,6 +997,15 @@ def print_report(report: dict[str, Any]) -> None:
         ("recall_without_query_embedding", "p50_ms"),
         "recall_p50_without_embedding",
     )
+    if "ours_lexical" in s:
+        lexical = {n: get(n, "recall", "p50_ms") if n == "ours_lexical" else None for n in names}
+        table.add_row(
+            "recall p50, no query embedder (ms)",
+            *[_fmt(lexical[n]) for n in names],
+            _fmt(ratios.get("lexical_recall_p50"), 2),
+            "(a configuration)",
+            _fmt(targets.get("lexical_recall_p50_at_most_half")),
+        )
     row("LoCoMo R@5", ("quality", "R@5"), "R@5", d=3)
     row("LoCoMo R@10", ("quality", "R@10"), "R@10", "ours higher", targets.get("higher_R@10"), d=3)
     row("R@10 without category 5", ("quality", "no_cat_5", "R@10"), d=3)
@@ -976,7 +1023,7 @@ def print_report(report: dict[str, Any]) -> None:
         met=targets.get("zero_cross_scope_ours"),
     )
     row("short result sets (all queries)", ("isolation", "short_queries"))
-    if all(get(n, "at_scale") for n in names):
+    if all(get(n, "at_scale") for n in names if n != "ours_lexical"):
         rows_at_scale = "/".join(_fmt(get(n, "at_scale", "table_rows")) for n in names)
         row(f"with background copies ({rows_at_scale} rows):", ("at_scale", "recall", "queries"))
         row("  recall p50 (ms)", ("at_scale", "recall", "p50_ms"))
@@ -1032,6 +1079,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "many tenants with similar facts), probe again and recall every question again (0 skips)",
     )
     parser.add_argument("--no-scaled-recall", action="store_true", help="with --probe-copies, only probe")
+    parser.add_argument(
+        "--no-lexical",
+        action="store_true",
+        help="skip recalling (alternating with the others) through ours without a query embedder",
+    )
     parser.add_argument(
         "--torch-threads",
         type=int,
@@ -1102,7 +1154,7 @@ def main(argv: list[str] | None = None) -> int:
         version_info: dict[str, Any] = {}
         if "mem0" in want:
             settings["mem0_nlp"] = mem0_nlp_state()
-        created: list[Side] = []
+        created: list[Recaller] = []
 
         def build(name: str) -> Side:
             side: Side = OursSide(conn_str, Path(ours_dir)) if name == "ours" else Mem0Side(conn_str, mem0_dir)
@@ -1133,8 +1185,16 @@ def main(argv: list[str] | None = None) -> int:
                         side.close()
                 phases["store_batch_seconds"] = time.perf_counter() - t0
 
+            recall_sides: list[Recaller] = list(main_sides)
+            if "ours" in want and not args.no_lexical:
+                ours = next(side for side in main_sides if isinstance(side, OursSide))
+                lexical_side = OursLexicalSide(ours)
+                created.append(lexical_side)
+                recall_sides.append(lexical_side)
+                results[lexical_side.name] = SideResult(lexical_side.name)
+                index.ids[lexical_side.name] = index.ids[ours.name]
             t0 = time.perf_counter()
-            recall_all(conversations, main_sides, results, index, args.k, args.limit_questions, show)
+            recall_all(conversations, recall_sides, results, index, args.k, args.limit_questions, show)
             phases["recall_seconds"] = time.perf_counter() - t0
 
             t0 = time.perf_counter()
@@ -1166,9 +1226,9 @@ def main(argv: list[str] | None = None) -> int:
             if "ours" in results:
                 results["ours"].degraded = sum(s.degraded for s in created if isinstance(s, OursSide))
         finally:
-            for side in reversed(created):
+            for made in reversed(created):
                 with suppress(Exception):
-                    side.close() if args.keep else side.drop()
+                    made.close() if args.keep else made.drop()
             close_pools()
 
     machine["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]

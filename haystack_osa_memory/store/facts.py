@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -187,10 +187,10 @@ class GoverningRow:
     assignment_id: str | None
 
 
-@dataclass(frozen=True)
-class ScopeHit:
+class ScopeHit(NamedTuple):
     """One fact of a scope that made a top-k list, before its text is fetched (ranks ``None`` when
-    that side missed it; ``position`` is its place in storing order, from 1)."""
+    that side missed it; ``position`` is its place in storing order, from 1). A named tuple, like
+    `RankedFact`: cheap to build by the hundred."""
 
     document_id: str
     chunk_id: str
@@ -227,6 +227,9 @@ def vector_literal(embedding: Vector | None) -> str | None:
     """pgvector's text form of an embedding (``None`` stays ``None``)."""
     if embedding is None:
         return None
+    if isinstance(embedding, np.ndarray) and embedding.dtype == np.float32:
+        # Nine significant digits give back every float32 exactly, at half the cost of repr().
+        return "[" + ",".join(["%.9g" % x for x in embedding.tolist()]) + "]"  # noqa: UP031
     values = embedding.tolist() if isinstance(embedding, np.ndarray) else embedding
     return "[" + ",".join(repr(float(x)) for x in values) + "]"
 
@@ -371,18 +374,8 @@ class FactRepository:
             return []
         document_ids, chunk_ids, expires, cos, dl, terms = zip(*rows, strict=True)
         return [
-            ScopeHit(
-                document_ids[r.index],
-                chunk_ids[r.index],
-                expires[r.index],
-                r.lex_rank,
-                r.lex_score,
-                r.vec_rank,
-                r.vec_score,
-                r.fused,
-                r.index + 1,
-            )
-            for r in rank_scope(cos, dl, terms, query_terms, ranking)
+            ScopeHit(document_ids[i], chunk_ids[i], expires[i], lr, ls, vr, vs, fused, i + 1)
+            for i, lr, ls, vr, vs, fused in rank_scope(cos, dl, terms, query_terms, ranking)
         ]
 
     def candidates(

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -49,11 +50,13 @@ class RankingParams:
     lex_share: float = 0.5
 
 
-@dataclass(frozen=True)
-class RankedFact:
-    """One fact of the scope that made one of the three top-k lists (``index`` into the input rows)."""
+class RankedFact(NamedTuple):
+    """One fact of the scope that made one of the three top-k lists (``row``: its index in the input).
 
-    index: int
+    A named tuple: a scope of a thousand facts returns ~100 of them per recall, and building frozen
+    dataclasses cost ~0.2 ms of that."""
+
+    row: int
     lex_rank: int | None
     lex_score: float | None
     vec_rank: int | None
@@ -90,6 +93,7 @@ def _ranks(values: Floats, eligible: npt.NDArray[np.bool_]) -> npt.NDArray[np.in
 #: at most 256 positions per lexeme, so it fits below 1024) and ``lexeme_hash`` a 48-bit hash of the
 #: lexeme (`haystack_osa_memory.store.facts.LEXEME_HASH`; the query's lexemes are hashed the same way).
 TERM_CODE = 1024
+TERM_BITS = 10  # TERM_CODE == 1 << TERM_BITS
 
 
 def term_counts(terms: Sequence[bytes | None], query_terms: Sequence[int]) -> Floats:
@@ -109,18 +113,17 @@ def term_counts(terms: Sequence[bytes | None], query_terms: Sequence[int]) -> Fl
     if not len(query_terms) or not lengths.any():
         return f
     packed = np.frombuffer(b"".join(blobs), dtype=">i8").astype(np.int64)
-    often = packed % TERM_CODE
-    if (often == 0).any():
+    often = packed & (TERM_CODE - 1)
+    if not often.all():
         msg = "a packed lexeme count is 0; counts run from 1 to 1023"
         raise ValueError(msg)
-    hashes = packed // TERM_CODE
-    wanted = np.asarray(query_terms, dtype=np.int64)
-    order = np.argsort(wanted, kind="stable")
-    ordered = wanted[order]
-    at = np.minimum(np.searchsorted(ordered, hashes), ordered.shape[0] - 1)
-    held = ordered[at] == hashes
+    hashes = packed >> TERM_BITS
     rows = np.repeat(np.arange(n), lengths // 8)
-    np.add.at(f, (rows[held], order[at[held]]), often[held].astype(np.float64))
+    # A handful of query terms: one vectorised comparison each is cheaper than a sorted search.
+    for t, wanted in enumerate(query_terms):
+        held = hashes == wanted
+        if held.any():
+            f[:, t] = np.bincount(rows[held], weights=often[held], minlength=n)
     return f
 
 
@@ -187,14 +190,18 @@ def rank_scope(
     chosen = kept & (
         (has_lex & (lex_rank <= k)) | (has_vec & (vec_rank <= k)) | ((fused_rank >= 1) & (fused_rank <= k))
     )
+    at = np.flatnonzero(chosen)
     return [
-        RankedFact(
-            index=int(i),
-            lex_rank=int(lex_rank[i]) if has_lex[i] else None,
-            lex_score=float(lexical[i]) if has_lex[i] else None,
-            vec_rank=int(vec_rank[i]) if has_vec[i] else None,
-            vec_score=float(vector[i]) if has_vec[i] else None,
-            fused=float(fused[i]),
+        RankedFact(i, lr if hl else None, ls if hl else None, vr if hv else None, vs if hv else None, fu)
+        for i, hl, lr, ls, hv, vr, vs, fu in zip(
+            at.tolist(),
+            has_lex[at].tolist(),
+            lex_rank[at].tolist(),
+            lexical[at].tolist(),
+            has_vec[at].tolist(),
+            vec_rank[at].tolist(),
+            vector[at].tolist(),
+            fused[at].tolist(),
+            strict=True,
         )
-        for i in np.flatnonzero(chosen)
     ]

@@ -169,10 +169,21 @@ def check_side(side: dict[str, Any], *, ours: bool) -> None:
         assert quality["R@10"] == 1.0  # 5-7 facts per scope, k = 10: every evidence turn is returned
 
 
+def check_lexical(side: dict[str, Any]) -> None:
+    """Ours without a query embedder, recalling what ours stored: in scope, nothing embedded (a fact sharing
+    no term with the question has no lexical score, so answers may be short)."""
+    assert side["store_single"]["facts"] == 0
+    assert side["recall"]["queries"] == 5
+    assert side["recall_without_query_embedding"]["p50_ms"] == side["recall"]["p50_ms"]
+    assert side["isolation"]["cross_scope_results"] == 0
+    assert side["quality"]["scored_questions"] == 5
+    assert 0.0 < side["quality"]["R@10"] <= 1.0
+
+
 def test_ours_side_runs_without_mem0(pg_conn_str: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report, printed = run(tmp_path, "ours", capsys)
     assert os.environ.get("PG_CONN_STR") == pg_conn_str  # the session database was used and left in place
-    assert set(report["results"]) == {"ours"}
+    assert set(report["results"]) == {"ours", "ours_lexical"}
     assert report["comparison"] == {}
     assert report["conversations"] == 2
     assert report["turns"] == 12
@@ -181,6 +192,7 @@ def test_ours_side_runs_without_mem0(pg_conn_str: str, tmp_path: Path, capsys: p
     assert report["machine"]["cpu_model"]
     assert report["date"]
     check_side(report["results"]["ours"], ours=True)
+    check_lexical(report["results"]["ours_lexical"])
     for label in ("store, single call p50", "store, batch mode", "recall p50", "LoCoMo R@10", "cross-scope", "cores"):
         assert label in printed, f"{label!r} missing from the printed report:\n{printed}"
 
@@ -190,12 +202,21 @@ def test_ours_against_mem0(pg_conn_str: str, tmp_path: Path, capsys: pytest.Capt
     telemetry_before = os.environ.get("MEM0_TELEMETRY")
     report, printed = run(tmp_path, "both", capsys)
     assert os.environ.get("MEM0_TELEMETRY") == telemetry_before  # the script restores mem0's environment
-    assert set(report["results"]) == {"ours", "mem0"}
+    assert set(report["results"]) == {"ours", "mem0", "ours_lexical"}
     assert report["versions"]["mem0ai"]
     check_side(report["results"]["ours"], ours=True)
     check_side(report["results"]["mem0"], ours=False)
+    check_lexical(report["results"]["ours_lexical"])
     ratios = report["comparison"]["ratios_ours_over_mem0"]
-    names = ("store_single_throughput", "store_batch_throughput", "recall_p50", "recall_p50_without_embedding", "R@10")
+    names = (
+        "store_single_throughput",
+        "store_batch_throughput",
+        "recall_p50",
+        "recall_p50_without_embedding",
+        "R@10",
+        "lexical_recall_p50",
+        "lexical_R@10",
+    )
     for name in names:
         assert ratios[name] is not None
         assert ratios[name] > 0
@@ -207,6 +228,9 @@ def test_ours_against_mem0(pg_conn_str: str, tmp_path: Path, capsys: pytest.Capt
         "store_throughput_at_least_2x_single",
         "store_throughput_at_least_2x_batch",
         "higher_R@10",
+        "lexical_recall_p50_at_most_half",
+        "lexical_higher_R@10",
     }
     assert "mem0" in printed
+    assert "no query embedder" in printed
     assert "ours / mem0" in printed

@@ -456,7 +456,7 @@ def test_repeated_query_on_one_pooled_connection_does_not_degrade(kb: ScaledKb) 
     _assert_in_scope(kb, ids)
     _, _, _, cos, dl, terms = zip(*runs[0], strict=True)
     hits = rank_scope(cos, dl, terms, kb.repo.query_terms(t.crowded_query), RankingParams(k=K))
-    assert t.document_id in [ids[h.index] for h in sorted(hits, key=lambda h: -h.fused)[:K]]
+    assert t.document_id in [ids[h.row] for h in sorted(hits, key=lambda h: -h.fused)[:K]]
 
     # The public path (pooled, no prepared statements), 30 times: the same answer every time.
     answers = [

@@ -117,7 +117,7 @@ def test_matches_the_formulas(seed: int, params: RankingParams) -> None:
     rnd = random.Random(seed)
     n_terms = rnd.randint(0, 4)
     rows = _random_scope(rnd, rnd.randint(1, 40), n_terms)
-    got = {h.index: (h.lex_rank, h.vec_rank, h.fused) for h in _rank(rows, n_terms, params)}
+    got = {h.row: (h.lex_rank, h.vec_rank, h.fused) for h in _rank(rows, n_terms, params)}
     want = reference(rows, n_terms, params)
     assert set(got) == set(want)
     for i, (lex_rank, vec_rank, fused) in want.items():
@@ -128,7 +128,7 @@ def test_matches_the_formulas(seed: int, params: RankingParams) -> None:
 def test_scores_and_storing_order() -> None:
     rows: list[Row] = [(0.9, 4.0, [1], [2]), (0.1, 4.0, None, None), (math.nan, 4.0, [1, 2], [1, 1])]
     hits = _rank(rows, 2, RankingParams(k=5, window=0, lex_ctx=0.0, vec_ctx=0.0))
-    assert [h.index for h in hits] == [0, 1, 2]  # storing order, whatever the ranks
+    assert [h.row for h in hits] == [0, 1, 2]  # storing order, whatever the ranks
     first, second, third = hits
     assert (first.vec_rank, second.vec_rank, third.vec_rank) == (1, 2, None)
     assert (first.vec_score, second.vec_score, third.vec_score) == (0.9, 0.1, None)
@@ -145,20 +145,20 @@ def test_context_window_lends_neighbour_terms() -> None:
     rows: list[Row] = (
         [(math.nan, 5.0, None, None)] * 3 + [(math.nan, 5.0, [1], [1])] + [(math.nan, 5.0, None, None)] * 3
     )
-    hits = {h.index: h for h in _rank(rows, 1, RankingParams(k=10, window=2, lex_ctx=0.4))}
+    hits = {h.row: h for h in _rank(rows, 1, RankingParams(k=10, window=2, lex_ctx=0.4))}
     assert sorted(hits) == [1, 2, 3, 4, 5]
     assert hits[3].lex_rank == 1
     assert hits[2].lex_score == hits[4].lex_score  # symmetric
     assert hits[2].lex_score is not None
     assert hits[3].lex_score is not None
     assert hits[2].lex_score < hits[3].lex_score
-    assert {h.index for h in _rank(rows, 1, RankingParams(k=10, window=2, lex_ctx=0.0))} == {3}
+    assert {h.row for h in _rank(rows, 1, RankingParams(k=10, window=2, lex_ctx=0.0))} == {3}
 
 
 def test_ties_break_by_storing_order() -> None:
     rows: list[Row] = [(0.5, 3.0, None, None)] * 6
     hits = _rank(rows, 0, RankingParams(k=2, window=0, lex_ctx=0.0, vec_ctx=0.0))
-    assert [(h.index, h.vec_rank) for h in hits] == [(0, 1), (1, 2)]
+    assert [(h.row, h.vec_rank) for h in hits] == [(0, 1), (1, 2)]
 
 
 def test_nothing_to_rank() -> None:
@@ -175,7 +175,7 @@ def test_nothing_to_rank() -> None:
 def test_negative_cosines_do_not_flip_the_vector_side() -> None:
     """All cosines negative: max(vector) < 0 counts as 0, the vector side adds nothing to the fusion."""
     rows: list[Row] = [(-0.3, 2.0, [1], [1]), (-0.1, 2.0, None, None)]
-    hits = {h.index: h for h in _rank(rows, 1, RankingParams(k=5, window=0, lex_ctx=0.0, vec_ctx=0.0))}
+    hits = {h.row: h for h in _rank(rows, 1, RankingParams(k=5, window=0, lex_ctx=0.0, vec_ctx=0.0))}
     assert hits[0].fused == pytest.approx(0.5)
     assert hits[1].fused == 0.0
     assert hits[1].vec_rank == 1
@@ -228,7 +228,7 @@ def test_packed_counts_up_to_postgres_limit() -> None:
 def test_terms_outside_the_query_are_ignored() -> None:
     rows: list[Row] = [(math.nan, 2.0, [0, 7], [1, 1]), (math.nan, 2.0, [1], [1])]  # 0 and 7: not query terms
     hits = _rank(rows, 1, RankingParams(k=5, window=0, lex_ctx=0.0))
-    assert [h.index for h in hits] == [1]
+    assert [h.row for h in hits] == [1]
 
 
 def test_a_large_scope() -> None:
