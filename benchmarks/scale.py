@@ -1159,6 +1159,7 @@ class Bench:
             "language": self.config.language,
             "query": text,
             "embedding": vector_literal(vector.tolist()),
+            "lexemes": self.repo.query_terms(text).lexemes,
         }
         where = {"v": vector_literal(vector.tolist()), "asg": t.caller.assignment_id, "k": self.p.k}
         for name, statement, args in (

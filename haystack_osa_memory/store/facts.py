@@ -69,9 +69,9 @@ PACKED_TERMS = sql.SQL(
 )
 # A fact's length in lexeme occurrences (BM25's document length).
 LEXEME_COUNT = sql.SQL("(SELECT coalesce(sum(coalesce(array_length(u.positions, 1), 1)), 0) FROM unnest({tsv}) u)")
-# The hashes of the query's distinct lexemes (what `ranking.rank_scope` matches the facts' lexemes with).
+# The query's distinct lexemes and their hashes (what `ranking.rank_scope` matches the facts' lexemes with).
 QUERY_TERMS = sql.SQL(
-    """SELECT coalesce(array_agg(DISTINCT {hash}), '{{}}'::int8[])
+    """SELECT coalesce(array_agg(q.lexeme), '{{}}'::text[]), coalesce(array_agg(DISTINCT {hash}), '{{}}'::int8[])
     FROM unnest(tsvector_to_array(to_tsvector(%(language)s::regconfig, %(query)s))) AS q(lexeme)"""
 ).format(hash=LEXEME_HASH.format(lexeme=sql.SQL("q.lexeme")))
 
@@ -111,7 +111,8 @@ t AS (
     SELECT %(chunk_id)s, %(language)s, md5(%(content)s), {packed_terms}, {lexeme_count},
            %(content_hash)s, %(embedding)s::vector
     FROM g, (SELECT to_tsvector(%(language)s::regconfig,
-                    regexp_replace(%(content)s, '^<!-- osa-memory:scope [^\n]* -->\n', '')) AS tsv) x
+                    regexp_replace(%(content)s, '^<!-- osa-memory:scope [^\n]* -->\n', '')) AS tsv
+             OFFSET 0) x  -- tokenised once (see SCOPE_ROWS)
     ON CONFLICT (document_id) DO UPDATE SET
         language = EXCLUDED.language, content_md5 = EXCLUDED.content_md5, terms = EXCLUDED.terms, dl = EXCLUDED.dl,
         content_hash = EXCLUDED.content_hash, embedding = EXCLUDED.embedding
@@ -126,7 +127,8 @@ SELECT id, status FROM g"""
 # packed lexemes (PACKED_TERMS), matched against the query's (QUERY_TERMS) in numpy. These come from
 # the fact's row in osa_fact_terms, written with the fact (lexical statistics and a copy of the
 # chunk's vector) and used while its content hash is the governing row's; a fact without one (written
-# by other tools, or before schema 7) is read from its chunk and tokenised at query time. Reading one
+# by other tools, or before schema 7) is read from its chunk and tokenised at query time (only its
+# lexemes that are the query's are packed: that is all the ranking reads). Reading one
 # narrow row per fact instead of joining the chunk table took a 680-fact scope from ~5 to ~3 ms, and
 # matching lexemes in numpy instead of filtering each tsvector in SQL from ~4.4 to ~2.5 ms. Text,
 # metadata and timestamps are fetched afterwards for the few facts returned (SCOPE_FACTS).
@@ -147,10 +149,17 @@ FROM s
         ON t.document_id = s.document_id AND t.content_hash = s.content_hash AND t.language = %(language)s::text
            AND t.terms IS NOT NULL
     LEFT JOIN LATERAL (
-        SELECT c.id AS chunk_id, c.embedding, {chunk_count} AS dl, {chunk_terms} AS terms
+        SELECT c.id AS chunk_id, c.embedding, x.dl, x.terms
         FROM {schema}.{chunk} c,
              LATERAL (SELECT to_tsvector(%(language)s::regconfig,
-                             regexp_replace(c.content, '^<!-- osa-memory:scope [^\n]* -->\n', '')) AS tsv) v
+                             regexp_replace(c.content, '^<!-- osa-memory:scope [^\n]* -->\n', '')) AS tsv
+                      OFFSET 0) v,  -- tokenised once: a flattened subquery would repeat it per use
+             -- One pass over the lexemes: the length, and packed only the query's (all ranking needs).
+             LATERAL (SELECT coalesce(sum(coalesce(array_length(u.positions, 1), 1)), 0) AS dl,
+                             coalesce(string_agg(int8send({hash} * {code} + coalesce(array_length(u.positions, 1), 1)),
+                                                 ''::bytea) FILTER (WHERE u.lexeme = ANY (%(lexemes)s::text[])),
+                                      ''::bytea) AS terms
+                      FROM unnest(v.tsv) u) x
         WHERE t.document_id IS NULL AND c.meta->>'document_id' = s.document_id
         OFFSET 0  -- a fence: the planner would otherwise hash-join every chunk of the table
     ) f ON true
@@ -185,6 +194,13 @@ class GoverningRow:
     audience: str
     status: str
     assignment_id: str | None
+
+
+class QueryTerms(NamedTuple):
+    """A query's distinct lexemes (PostgreSQL's ``to_tsvector``) and their hashes (`LEXEME_HASH`)."""
+
+    lexemes: list[str]
+    hashes: list[int]
 
 
 class ScopeHit(NamedTuple):
@@ -252,9 +268,8 @@ class FactRepository:
         self.config = config
         names = config.sql_names()
         self._upsert_row = UPSERT_GOVERNING_ROW.format(**names)
-        chunk_tsv = sql.SQL("v.tsv")
         self._scope_rows = SCOPE_ROWS.format(
-            **names, chunk_count=lexeme_count(chunk_tsv), chunk_terms=packed_terms(chunk_tsv)
+            **names, hash=LEXEME_HASH.format(lexeme=sql.SQL("u.lexeme")), code=sql.Literal(TERM_CODE)
         )
         self._scope_facts = SCOPE_FACTS.format(**names)
         self._governing_rows = GOVERNING_ROWS.format(**names)
@@ -368,7 +383,7 @@ class FactRepository:
             "embedding": vector_literal(embedding),
         }
         with self._reading(conn) as c, c.cursor(binary=True) as cur:
-            query_terms = self.query_terms(query, conn=c)
+            params["lexemes"], query_terms = self.query_terms(query, conn=c)
             rows = cur.execute(self._scope_rows, params).fetchall()
         if not rows:
             return []
@@ -421,11 +436,12 @@ class FactRepository:
                 )
         return found
 
-    def query_terms(self, query: str, *, conn: psycopg.Connection[Any] | None = None) -> list[int]:
-        """The hashes of the query's distinct lexemes (`QUERY_TERMS`), what `rank_scope` matches facts with."""
+    def query_terms(self, query: str, *, conn: psycopg.Connection[Any] | None = None) -> QueryTerms:
+        """The query's distinct lexemes and their hashes (`QUERY_TERMS`): `SCOPE_ROWS` takes the lexemes
+        (``lexemes`` parameter), `rank_scope` the hashes."""
         with self._reading(conn) as c:
             row = c.execute(QUERY_TERMS, {"language": self.config.language, "query": query}).fetchone()
-        return list(row[0]) if row else []
+        return QueryTerms(list(row[0]), list(row[1])) if row else QueryTerms([], [])
 
     @property
     def scope_rows_statement(self) -> sql.Composed:

@@ -338,7 +338,7 @@ def test_query_and_fact_lexemes_hash_alike(pg_conn_str: str, hybrid_config: Memo
 
     text = "Zoë visited Zürich; Zürich again, and naïve café owners in Zürich"
     with psycopg.connect(pg_conn_str) as conn:
-        query_terms = conn.execute(QUERY_TERMS, {"language": "english", "query": text}).fetchone()[0]
+        lexemes, query_terms = conn.execute(QUERY_TERMS, {"language": "english", "query": text}).fetchone()
         pack = sql.SQL("SELECT {} FROM (SELECT to_tsvector('english', %s) AS tsv) x")
         packed = conn.execute(pack.format(packed_terms(sql.SQL("x.tsv"))), (text,)).fetchone()[0]
         zurich = conn.execute(sql.SQL("SELECT {}").format(LEXEME_HASH.format(lexeme=sql.Literal("zürich")))).fetchone()[
@@ -347,6 +347,7 @@ def test_query_and_fact_lexemes_hash_alike(pg_conn_str: str, hybrid_config: Memo
     values = [int.from_bytes(packed[i : i + 8], "big") for i in range(0, len(packed), 8)]
     counts = {v // 1024: v % 1024 for v in values}
     assert sorted(counts) == sorted(query_terms)
+    assert len(query_terms) == len(lexemes) == 6  # zoë visit zürich naïv café owner ("again": a stop word)
     assert counts[zurich] == 3
     assert 0 <= zurich < 1 << 48
 

@@ -437,6 +437,7 @@ def test_repeated_query_on_one_pooled_connection_does_not_degrade(kb: ScaledKb) 
         "language": "english",
         "query": t.crowded_query,
         "embedding": vector_literal(t.query_vector.tolist()),
+        "lexemes": kb.repo.query_terms(t.crowded_query).lexemes,
     }
     with get_pool(kb.conn_str, kb.config).connection() as conn:
         try:
@@ -455,7 +456,7 @@ def test_repeated_query_on_one_pooled_connection_does_not_degrade(kb: ScaledKb) 
     assert len(ids) == len(set(ids)) == len(kb.targets)  # the scope's rows, each once
     _assert_in_scope(kb, ids)
     _, _, _, cos, dl, terms = zip(*runs[0], strict=True)
-    hits = rank_scope(cos, dl, terms, kb.repo.query_terms(t.crowded_query), RankingParams(k=K))
+    hits = rank_scope(cos, dl, terms, kb.repo.query_terms(t.crowded_query).hashes, RankingParams(k=K))
     assert t.document_id in [ids[h.row] for h in sorted(hits, key=lambda h: -h.fused)[:K]]
 
     # The public path (pooled, no prepared statements), 30 times: the same answer every time.
