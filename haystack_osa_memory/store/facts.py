@@ -62,13 +62,14 @@ INSERT_AUDIT = sql.SQL(
 # numpy, so it no longer filters every fact's tsvector in SQL. Two lexemes share a 48-bit hash with a
 # probability of about 2^-48 per pair: a query term would then also count the other lexeme.
 LEXEME_HASH = sql.SQL("('x' || left(md5(convert_to({lexeme}, 'UTF8')), 12))::bit(48)::int8")
-PACKED_TERMS = sql.SQL(
-    """(SELECT coalesce(string_agg(int8send({hash} * {code} + coalesce(array_length(u.positions, 1), 1)), ''::bytea),
-                     ''::bytea)
-     FROM unnest({tsv}) u)"""
+# One pass over the tsvector ``{tsv}``: ``dl``, its length in lexeme occurrences (BM25's document
+# length), and ``terms``, its lexemes packed as above, those for which ``{keep}`` holds (all of them
+# when a fact is written; at query time only the query's, which is all the ranking reads).
+LEXEME_STATS = sql.SQL(
+    """SELECT coalesce(sum(u.n), 0) AS dl,
+       coalesce(string_agg(int8send({hash} * {code} + u.n), ''::bytea) FILTER (WHERE {keep}), ''::bytea) AS terms
+FROM (SELECT l.lexeme, coalesce(array_length(l.positions, 1), 1) AS n FROM unnest({tsv}) l) u"""
 )
-# A fact's length in lexeme occurrences (BM25's document length).
-LEXEME_COUNT = sql.SQL("(SELECT coalesce(sum(coalesce(array_length(u.positions, 1), 1)), 0) FROM unnest({tsv}) u)")
 # The query's distinct lexemes and their hashes (what `ranking.rank_scope` matches the facts' lexemes with).
 QUERY_TERMS = sql.SQL(
     """SELECT coalesce(array_agg(q.lexeme), '{{}}'::text[]), coalesce(array_agg(DISTINCT {hash}), '{{}}'::int8[])
@@ -76,15 +77,15 @@ QUERY_TERMS = sql.SQL(
 ).format(hash=LEXEME_HASH.format(lexeme=sql.SQL("q.lexeme")))
 
 
-def packed_terms(tsv: sql.Composable) -> sql.Composed:
-    """`PACKED_TERMS` over the tsvector expression ``tsv``."""
-    lexeme_hash = LEXEME_HASH.format(lexeme=sql.SQL("u.lexeme"))
-    return PACKED_TERMS.format(hash=lexeme_hash, code=sql.Literal(TERM_CODE), tsv=tsv)
-
-
-def lexeme_count(tsv: sql.Composable) -> sql.Composed:
-    """`LEXEME_COUNT` over the tsvector expression ``tsv``."""
-    return LEXEME_COUNT.format(tsv=tsv)
+def lexeme_stats(tsv: sql.Composable, keep: sql.Composable | None = None) -> sql.Composed:
+    """`LEXEME_STATS` over the tsvector expression ``tsv``, packing the lexemes ``u.lexeme`` for which
+    ``keep`` holds (all of them without it)."""
+    return LEXEME_STATS.format(
+        hash=LEXEME_HASH.format(lexeme=sql.SQL("u.lexeme")),
+        code=sql.Literal(TERM_CODE),
+        keep=keep if keep is not None else sql.SQL("true"),
+        tsv=tsv,
+    )
 
 
 # One fact in one statement (one round trip; a batch goes through pipeline mode): governing row,
@@ -108,11 +109,11 @@ c AS (
 ),
 t AS (
     INSERT INTO {schema}.osa_fact_terms (document_id, language, content_md5, terms, dl, content_hash, embedding)
-    SELECT %(chunk_id)s, %(language)s, md5(%(content)s), {packed_terms}, {lexeme_count},
-           %(content_hash)s, %(embedding)s::vector
+    SELECT %(chunk_id)s, %(language)s, md5(%(content)s), ls.terms, ls.dl, %(content_hash)s, %(embedding)s::vector
     FROM g, (SELECT to_tsvector(%(language)s::regconfig,
                     regexp_replace(%(content)s, '^<!-- osa-memory:scope [^\n]* -->\n', '')) AS tsv
-             OFFSET 0) x  -- tokenised once (see SCOPE_ROWS)
+             OFFSET 0) x,  -- tokenised once (see SCOPE_ROWS)
+         LATERAL ({lexeme_stats}) ls
     ON CONFLICT (document_id) DO UPDATE SET
         language = EXCLUDED.language, content_md5 = EXCLUDED.content_md5, terms = EXCLUDED.terms, dl = EXCLUDED.dl,
         content_hash = EXCLUDED.content_hash, embedding = EXCLUDED.embedding
@@ -124,7 +125,7 @@ SELECT id, status FROM g"""
 # there is no top-k before the scope is applied and a huge knowledge base of closer matches cannot
 # crowd an assignment's facts out. For each fact it returns what ranking needs
 # (`haystack_osa_memory.store.ranking`): the cosine with the query, the length in lexemes and the
-# packed lexemes (PACKED_TERMS), matched against the query's (QUERY_TERMS) in numpy. These come from
+# packed lexemes (LEXEME_STATS), matched against the query's (QUERY_TERMS) in numpy. These come from
 # the fact's row in osa_fact_terms, written with the fact (lexical statistics and a copy of the
 # chunk's vector) and used while its content hash is the governing row's; a fact without one (written
 # by other tools, or before schema 7) is read from its chunk and tokenised at query time (only its
@@ -154,12 +155,7 @@ FROM s
              LATERAL (SELECT to_tsvector(%(language)s::regconfig,
                              regexp_replace(c.content, '^<!-- osa-memory:scope [^\n]* -->\n', '')) AS tsv
                       OFFSET 0) v,  -- tokenised once: a flattened subquery would repeat it per use
-             -- One pass over the lexemes: the length, and packed only the query's (all ranking needs).
-             LATERAL (SELECT coalesce(sum(coalesce(array_length(u.positions, 1), 1)), 0) AS dl,
-                             coalesce(string_agg(int8send({hash} * {code} + coalesce(array_length(u.positions, 1), 1)),
-                                                 ''::bytea) FILTER (WHERE u.lexeme = ANY (%(lexemes)s::text[])),
-                                      ''::bytea) AS terms
-                      FROM unnest(v.tsv) u) x
+             LATERAL ({lexeme_stats}) x  -- packing only the query's lexemes
         WHERE t.document_id IS NULL AND c.meta->>'document_id' = s.document_id
         OFFSET 0  -- a fence: the planner would otherwise hash-join every chunk of the table
     ) f ON true
@@ -269,16 +265,12 @@ class FactRepository:
         names = config.sql_names()
         self._upsert_row = UPSERT_GOVERNING_ROW.format(**names)
         self._scope_rows = SCOPE_ROWS.format(
-            **names, hash=LEXEME_HASH.format(lexeme=sql.SQL("u.lexeme")), code=sql.Literal(TERM_CODE)
+            **names, lexeme_stats=lexeme_stats(sql.SQL("v.tsv"), sql.SQL("u.lexeme = ANY (%(lexemes)s::text[])"))
         )
         self._scope_facts = SCOPE_FACTS.format(**names)
         self._governing_rows = GOVERNING_ROWS.format(**names)
-        fact_tsv = sql.SQL("x.tsv")
         self._write_fact = WRITE_FACT.format(
-            upsert_row=self._upsert_row,
-            packed_terms=packed_terms(fact_tsv),
-            lexeme_count=lexeme_count(fact_tsv),
-            **names,
+            upsert_row=self._upsert_row, lexeme_stats=lexeme_stats(sql.SQL("x.tsv")), **names
         )
 
     def write(
@@ -379,7 +371,6 @@ class FactRepository:
         params = {
             **self._scope(org_id, assignment_id, audiences, statuses),
             "language": self.config.language,
-            "query": query,
             "embedding": vector_literal(embedding),
         }
         with self._reading(conn) as c, c.cursor(binary=True) as cur:

@@ -19,7 +19,7 @@ from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.database import transaction
 from haystack_osa_memory.errors import SchemaError
 from haystack_osa_memory.markers import MARKER_PREFIX
-from haystack_osa_memory.store.facts import packed_terms
+from haystack_osa_memory.store.facts import lexeme_stats
 
 SCHEMA_VERSION = 8
 
@@ -166,7 +166,7 @@ BACKFILL_TERMS = sql.SQL(
     WHERE t.content_hash IS NULL AND g.id = t.document_id AND c.id = t.document_id
       AND c.meta->>'document_id' = g.id AND t.content_md5 = md5(c.content)"""
 )
-# Version 8: a fact's lexemes are stored packed (`haystack_osa_memory.store.facts.PACKED_TERMS`) instead
+# Version 8: a fact's lexemes are stored packed (`haystack_osa_memory.store.facts.LEXEME_STATS`) instead
 # of as a tsvector, so recall matches them against the query in numpy. On the upgrade, the packed form
 # is computed from each row's tsvector and the tsvector column dropped.
 ADD_TERMS_PACKED = sql.SQL("ALTER TABLE {schema}.osa_fact_terms ADD COLUMN IF NOT EXISTS terms BYTEA")
@@ -175,7 +175,9 @@ TERMS_HAS_TSV = sql.SQL(
     JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
     WHERE n.nspname = %s AND c.relname = 'osa_fact_terms' AND a.attname = 'tsv' AND NOT a.attisdropped"""
 )
-BACKFILL_PACKED = sql.SQL("UPDATE {schema}.osa_fact_terms SET terms = {packed} WHERE terms IS NULL")
+BACKFILL_PACKED = sql.SQL(
+    "UPDATE {schema}.osa_fact_terms SET terms = (SELECT ls.terms FROM ({lexeme_stats}) ls) WHERE terms IS NULL"
+)
 DROP_TERMS_TSV = sql.SQL("ALTER TABLE {schema}.osa_fact_terms DROP COLUMN tsv")
 # A fact's row in osa_fact_terms is dropped when other tools change or delete its chunk (content or
 # vector), so recall falls back to reading the chunk. Our own write changes both in one statement;
@@ -340,7 +342,7 @@ def ensure_schema(conn_str: str, config: MemoryConfig) -> InitReport:
         conn.execute(ADD_TERMS_PACKED.format(schema=kb))
         row = conn.execute(TERMS_HAS_TSV, (config.kb_schema,)).fetchone()
         if row is not None and row[0]:
-            conn.execute(BACKFILL_PACKED.format(schema=kb, packed=packed_terms(sql.SQL("tsv"))))
+            conn.execute(BACKFILL_PACKED.format(schema=kb, lexeme_stats=lexeme_stats(sql.SQL("tsv"))))
             conn.execute(DROP_TERMS_TSV.format(schema=kb))
         # The triggers are (re)created on an upgrade or when missing (a recreated chunk table), not at
         # every start: CREATE TRIGGER locks the team's chunk table against writes while it runs.

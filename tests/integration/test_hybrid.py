@@ -334,13 +334,13 @@ def test_schema_8_packs_the_lexemes_of_earlier_rows(
 def test_query_and_fact_lexemes_hash_alike(pg_conn_str: str, hybrid_config: MemoryConfig) -> None:
     """The packed lexemes of a fact and the hashes of a query agree for non-ASCII words and repeats, and
     a count is the lexeme's positions."""
-    from haystack_osa_memory.store.facts import LEXEME_HASH, QUERY_TERMS, packed_terms
+    from haystack_osa_memory.store.facts import LEXEME_HASH, QUERY_TERMS, lexeme_stats
 
     text = "Zoë visited Zürich; Zürich again, and naïve café owners in Zürich"
     with psycopg.connect(pg_conn_str) as conn:
         lexemes, query_terms = conn.execute(QUERY_TERMS, {"language": "english", "query": text}).fetchone()
-        pack = sql.SQL("SELECT {} FROM (SELECT to_tsvector('english', %s) AS tsv) x")
-        packed = conn.execute(pack.format(packed_terms(sql.SQL("x.tsv"))), (text,)).fetchone()[0]
+        pack = sql.SQL("SELECT ls.dl, ls.terms FROM (SELECT to_tsvector('english', %s) AS tsv) x, LATERAL ({}) ls")
+        dl, packed = conn.execute(pack.format(lexeme_stats(sql.SQL("x.tsv"))), (text,)).fetchone()
         zurich = conn.execute(sql.SQL("SELECT {}").format(LEXEME_HASH.format(lexeme=sql.Literal("zürich")))).fetchone()[
             0
         ]
@@ -349,6 +349,7 @@ def test_query_and_fact_lexemes_hash_alike(pg_conn_str: str, hybrid_config: Memo
     assert sorted(counts) == sorted(query_terms)
     assert len(query_terms) == len(lexemes) == 6  # zoë visit zürich naïv café owner ("again": a stop word)
     assert counts[zurich] == 3
+    assert dl == sum(counts.values()) == 8
     assert 0 <= zurich < 1 << 48
 
 
