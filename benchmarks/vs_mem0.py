@@ -317,7 +317,6 @@ class OursLexicalSide:
         self.memory = Memory(ours.config, use_default_embedders=False)
         self.memory.warm_up()
         self.clock = EmbedClock()  # nothing to embed: stays at zero
-        self.degraded = 0
 
     def recall(self, scope: str, query: str, k: int) -> list[str]:
         answer = self.memory.recall(query, limit=k, caller=OursSide.caller(scope))
