@@ -31,7 +31,10 @@ Classes (switch any of them off with ``enabled_classes``):
     ``*token``, ``*api_key``, ``*access_key``, ``*secret_key``, ``*private_key``, ``*credentials``
     ...) in ``k=v``, ``k: v``, JSON, YAML, XML, TOML, code and ``--flag value`` forms. AWS secret
     access keys are caught in such assignments (a bare 40-character base64 string cannot be told
-    apart from other data).
+    apart from other data). A token (JWTs too) is found where it starts a word, also when a name is
+    glued to it with ``-`` or ``_`` (``x-AKIA...``, ``key_ghp_...``, ``url-sk_live_...``,
+    ``x-eyJ...``) or, for a token that starts with a capital, by camelCase (``awsAKIA...``); not
+    after a digit or a letter of the same run (``1AKIA...``, ``xghp_...``, ``risk-...``).
 ``password`` -> ``[REDACTED-PASSWORD]``
     The value assigned to a key that names a password (``password``, ``passwd``, ``passphrase``,
     ``*_pass``, ``*_pwd``, SQL ``PASSWORD '...'`` / ``IDENTIFIED BY '...'``, ``password <value>``
@@ -254,10 +257,34 @@ def _before(match: re.Match[str], width: int) -> str:
     return text[max(low, text.rfind("\n", low, start) + 1) : start]
 
 
-def _token_start(match: re.Match[str]) -> bool:
-    """The match does not continue a longer token (``xghp_...``)."""
-    start = match.start()
-    return start == 0 or match.string[start - 1] not in _TOKEN_CHARS
+#: Joiners of compound names and header fields: a token right after one starts a word of its own.
+_NAME_SEPARATORS = frozenset("-_")
+
+
+def _starts_word(text: str, start: int, *, glued: bool = True) -> bool:
+    """The token-shaped secret at ``start`` begins a word of its own instead of ending a longer one.
+
+    It may follow: the start of the text, a character tokens are not made of, a separator of compound
+    names (``x-AKIA…``, ``key_ghp_…``, ``url-sk_live_…``, ``x-eyJ…``) and, when ``glued`` (the token
+    has a literal prefix), a lower-case letter before a token that starts with a capital, as camelCase
+    joins words (``awsAKIA…``, ``keyAIza…``), or any letter before one that starts with a digit
+    (``bot123456789:AA…``). It may not follow a digit or another letter (``1AKIA…``, ``xghp_…``,
+    ``Xghp_…``): that is the tail of a longer run, and ordinary words end with some prefixes
+    (``risk-…``, ``Ask-…``, ``task_test_…``, ``highs_…``, ``pnpm_…``).
+    """
+    if start == 0:
+        return True
+    before, first = text[start - 1], text[start]
+    if before not in _TOKEN_CHARS or before in _NAME_SEPARATORS:
+        return True
+    if not glued or not before.isalpha():
+        return False
+    return first.isdigit() or (before.islower() and first.isupper())
+
+
+def _token_start(match: re.Match[str], *, glued: bool = True) -> bool:
+    """The match begins a word (see :func:`_starts_word`)."""
+    return _starts_word(match.string, match.start(), glued=glued)
 
 
 def _refine_value(match: re.Match[str]) -> Span | None:
@@ -289,7 +316,18 @@ _PEM = re.compile(
     rf"{_PEM_HEAD}(?:(?:[A-Za-z0-9+/=\s:,.\\]|-(?!-))*+{_PEM_TAIL}"
     rf"|(?:[ \t]*+(?:\\[nr]|\r?\n)[ \t]*+(?:[A-Za-z-]{{2,40}}:[^\n\\]{{0,200}}+|[A-Za-z0-9+/=]{{16,}}+))*+)"
 )
-_JWT = re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}+\.eyJ[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]*+")
+# Matched from the start of a run of token characters, so that a run is scanned once (starting at
+# every '-' or '_' inside a run would rescan it each time: quadratic); the lazy, bounded head lets the
+# JWT sit behind a short glued label (`x-eyJ…`), which the refine checks like any token's left side.
+_JWT = re.compile(
+    r"(?<![A-Za-z0-9_-])[A-Za-z0-9_-]{0,64}?"
+    r"(?P<value>eyJ[A-Za-z0-9_-]{8,}+\.eyJ[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]*+)"
+)
+
+
+def _refine_jwt(match: re.Match[str]) -> Span | None:
+    start = match.start(VALUE_GROUP)
+    return match.span(VALUE_GROUP) if _starts_word(match.string, start) else None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -316,8 +354,14 @@ def _refine_mixed(match: re.Match[str]) -> Span | None:
 
 
 def _refine_telegram(match: re.Match[str]) -> Span | None:
+    """Also not after ':' (the tail of a longer colon-separated id); after letters: ``bot<token>`` in URLs."""
     start = match.start()
-    return match.span() if start == 0 or match.string[start - 1] not in _TOKEN_CHARS | {":"} else None
+    return match.span() if (start == 0 or match.string[start - 1] != ":") and _token_start(match) else None
+
+
+def _refine_shape_token(match: re.Match[str]) -> Span | None:
+    """Tokens known by shape alone (no literal prefix): never glued to a letter, where identifiers are."""
+    return match.span() if _token_start(match, glued=False) else None
 
 
 # (name, regex, refine, triggers)
@@ -355,7 +399,7 @@ _TOKEN_RULES: tuple[tuple[str, re.Pattern[str], Refine, tuple[str, ...]], ...] =
     (
         "discord_token",
         _token(r"[MNO][A-Za-z0-9_-]{23,27}\.[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,40}"),
-        _refine_token,
+        _refine_shape_token,
         (),
     ),
     (
@@ -742,7 +786,7 @@ def _builtin_rules() -> tuple[Rule, ...]:
     ph = PLACEHOLDERS
     rules: list[Rule] = [
         Rule("pem_private_key", PRIVATE_KEY, _PEM, ph[PRIVATE_KEY], triggers=("-----begin",)),
-        Rule("jwt", JWT, _JWT, ph[JWT], triggers=("eyj",)),
+        Rule("jwt", JWT, _JWT, ph[JWT], _refine_jwt, triggers=("eyj",)),
     ]
     rules += [Rule(name, SECRET, rx, ph[SECRET], refine, trig) for name, rx, refine, trig in _TOKEN_RULES]
     password_flag = re.compile(_CLI_FLAG.format(words=r"password|passwd|passphrase|pass"), re.IGNORECASE)

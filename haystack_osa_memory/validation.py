@@ -2,29 +2,63 @@
 
 from __future__ import annotations
 
+import unicodedata
+from collections.abc import Callable
+
 from haystack_osa_memory.errors import InvalidInputError
 from haystack_osa_memory.markers import MARKER_LOOKALIKE
+from haystack_osa_memory.redaction import PLACEHOLDER_PATTERN
 
 FACT_MAX = 2000
 TOPIC_MAX = 120
 QUERY_MAX = 1000
 LIMIT_MIN, LIMIT_MAX = 1, 20
 
+# Characters that show nothing on their own: separators and spaces (Z*), controls (Cc), format
+# characters such as U+200B, U+2060, U+FEFF, soft hyphens and tag characters (Cf), surrogates (Cs),
+# and combining marks and variation selectors (M*), which only decorate a base character.
+_INVISIBLE_CATEGORIES = frozenset({"Zs", "Zl", "Zp", "Cc", "Cf", "Cs", "Mn", "Mc", "Me"})
+# Letters and symbols drawn as blank space (Hangul fillers, the empty Braille pattern).
+_BLANK_CHARACTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
 
-def check_text(value: object, what: str, *, min_len: int, max_len: int) -> str:
+
+def is_visible(char: str) -> bool:
+    """True for a character that shows something on its own (a letter, digit, punctuation or symbol)."""
+    return char not in _BLANK_CHARACTERS and unicodedata.category(char) not in _INVISIBLE_CATEGORIES
+
+
+def _invisible_detail(value: str) -> str:
+    """What a text without a visible character holds: whitespace, and the code points of the rest."""
+    shown = list(dict.fromkeys(f"U+{ord(c):04X}" for c in value if not c.isspace()))
+    if not shown:
+        return "got only whitespace"
+    more = ", ..." if len(shown) > 5 else ""
+    return f"got only whitespace or invisible characters ({', '.join(shown[:5])}{more})"
+
+
+def length_before_redaction(text: str) -> int:
+    """The fewest characters ``text`` can have had before redaction: each placeholder replaced at least one.
+
+    Redaction lengthens text (``10.0.0.1`` becomes ``[REDACTED-PRIVATE-IP]``), so the length limits
+    apply to this count, the caller's, not to the redacted text's.
+    """
+    return len(text) - sum(len(m.group(0)) - 1 for m in PLACEHOLDER_PATTERN.finditer(text))
+
+
+def check_text(value: object, what: str, *, min_len: int, max_len: int, length: Callable[[str], int] = len) -> str:
     """Return ``value`` if it is a clean string of an allowed length, else raise :class:`InvalidInputError`.
 
-    Refused: non-strings, lengths outside ``min_len..max_len`` characters, text with no visible
-    character, NUL bytes (PostgreSQL text cannot hold them) and lone UTF-16 surrogates (not UTF-8).
+    Refused: non-strings, lengths outside ``min_len..max_len`` characters (measured by ``length``),
+    text with no visible character (only whitespace, zero-width and other format characters, lone
+    combining marks, fillers), NUL bytes (PostgreSQL text cannot hold them) and lone UTF-16
+    surrogates (not UTF-8).
     """
     if not isinstance(value, str):
         msg = f"{what} must be a string of {min_len} to {max_len} characters, got {type(value).__name__}"
         raise InvalidInputError(msg)
-    if not min_len <= len(value) <= max_len:
-        msg = f"{what} must be {min_len} to {max_len} characters long, got {len(value)}"
-        raise InvalidInputError(msg)
-    if min_len > 0 and not value.strip():
-        msg = f"{what} must contain at least one visible character"
+    size = length(value)
+    if not min_len <= size <= max_len:
+        msg = f"{what} must be {min_len} to {max_len} characters long, got {size}"
         raise InvalidInputError(msg)
     if "\x00" in value:
         msg = f"{what} must not contain NUL characters (\\x00)"
@@ -34,23 +68,33 @@ def check_text(value: object, what: str, *, min_len: int, max_len: int) -> str:
     except UnicodeEncodeError:
         msg = f"{what} must be valid Unicode text: lone surrogate code points are not allowed"
         raise InvalidInputError(msg) from None
+    if min_len > 0 and not any(is_visible(c) for c in value):
+        msg = f"{what} must contain at least one visible character (a letter, digit, punctuation or symbol); "
+        msg += _invisible_detail(value)
+        raise InvalidInputError(msg)
     return value
 
 
-def check_fact(fact: object) -> str:
-    """A fact: 1..2000 characters, and no scope-marker look-alike (scope comes from the caller only)."""
-    text = check_text(fact, "fact", min_len=1, max_len=FACT_MAX)
+def check_fact(fact: object, *, redacted: bool = False) -> str:
+    """A fact: 1..2000 characters, and no scope-marker look-alike (scope comes from the caller only).
+
+    With ``redacted``, ``fact`` is the output of the privacy redactor and its length is counted as
+    :func:`length_before_redaction` (the caller's fact was checked before it was redacted).
+    """
+    length = length_before_redaction if redacted else len
+    text = check_text(fact, "fact", min_len=1, max_len=FACT_MAX, length=length)
     if MARKER_LOOKALIKE.search(text):
         msg = "fact must not contain the reserved sequence '<!-- osa-memory:' (scope markers are added by the server)"
         raise InvalidInputError(msg)
     return text
 
 
-def check_topic(topic: object) -> str | None:
-    """An optional topic: ``None`` or 1..120 characters."""
+def check_topic(topic: object, *, redacted: bool = False) -> str | None:
+    """An optional topic: ``None`` or 1..120 characters (counted as in :func:`check_fact` when ``redacted``)."""
     if topic is None:
         return None
-    return check_text(topic, "topic", min_len=1, max_len=TOPIC_MAX)
+    length = length_before_redaction if redacted else len
+    return check_text(topic, "topic", min_len=1, max_len=TOPIC_MAX, length=length)
 
 
 def check_query(query: object) -> str:

@@ -223,6 +223,82 @@ class TestRedact:
         assert result.counts == {"secret": 1}
 
 
+# One token of every shape the token rules know, and its class.
+TOKENS = {
+    "aws_akia": ("AKIAIOSFODNN7EXAMPLF", "secret"),
+    "aws_asia": ("ASIAQ2RRZ4KXN7EXAMPL", "secret"),
+    "github": ("ghp_" + "a1B2c3D4e5" * 4, "secret"),
+    "github_pat": ("github_pat_11ABCDEFG0" + "aB3dE6" * 10, "secret"),
+    "gitlab": ("glpat-" + "aB3dE6xY9z" * 2, "secret"),
+    "slack": ("xoxb-1234567890-1234567890-" + "aB3dE6" * 4, "secret"),
+    "stripe_live": ("sk_live_" + "a1B2c3D4" * 3, "secret"),
+    "stripe_restricted": ("rk_test_" + "a1B2c3D4" * 3, "secret"),
+    "stripe_webhook": ("whsec_" + "a1B2c3D4" * 4, "secret"),
+    "openai": ("sk-proj-" + "aB3dE6" * 5, "secret"),
+    "google_api": ("AIzaSyB" + "aB3dE6xY9" * 3 + "Q0_-Z", "secret"),
+    "google_oauth": ("ya29.a0Af" + "aB3dE6" * 5, "secret"),
+    "npm": ("npm_" + "a1B2c3D4e5" * 3 + "a1B2c3", "secret"),
+    "pypi": ("pypi-AgEIcHlwaS5vcmc" + "aB3dE6" * 8, "secret"),
+    "huggingface": ("hf_" + "aB3dE6" * 6, "secret"),
+    "sendgrid": ("SG." + "aB3dE6xY9z" * 2 + "Q1." + "aB3dE6xY9z" * 4 + "Q1w", "secret"),
+    "dockerhub": ("dckr_pat_" + "aB3dE6" * 4, "secret"),
+    "osa_memory": ("osam_0123456789abcdef_" + "aB3dE6" * 7 + "Z", "secret"),
+    "telegram": ("123456789:AA" + "aB3dE6xY9z" * 3 + "Q1w", "secret"),
+    "discord": ("MTA" + "aB3dE6" * 3 + "xYz1Q2." + "Gabcde." + "aB3dE6" * 5, "secret"),
+    "jwt": ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhZG1pbiJ9.abcDEF123_-x", "jwt"),
+}
+# A name glued to the token with a separator: the token still starts a word of its own.
+SEPARATED = ["x-", "key_", "url-", "X-Api-Key-", "my_app_", "a-b_"]
+
+
+class TestTokenBoundaries:
+    @pytest.mark.parametrize("prefix", SEPARATED)
+    @pytest.mark.parametrize("kind", list(TOKENS))
+    def test_tokens_after_a_separator_are_redacted(self, kind: str, prefix: str) -> None:
+        token, cls = TOKENS[kind]
+        assert redact(token).counts == {cls: 1}, "the bare token is found"
+        result = redact(f"leaked {prefix}{token} in the log")
+        assert result.text == f"leaked {prefix}{PLACEHOLDERS[cls]} in the log"
+        assert result.counts == {cls: 1}
+
+    @pytest.mark.parametrize(
+        ("word", "kind", "after"),
+        [
+            ("aws", "aws_akia", ""),
+            ("key", "aws_asia", ","),
+            ("google", "google_api", ""),
+            ("mail", "sendgrid", " sent"),
+            ("https://api.telegram.org/bot", "telegram", "/sendMessage"),
+        ],
+    )
+    def test_capital_or_digit_led_tokens_glued_to_a_word_are_redacted(self, word: str, kind: str, after: str) -> None:
+        token, _ = TOKENS[kind]
+        result = redact(f"{word}{token}{after}")
+        assert result == RedactionResult(text=f"{word}[REDACTED-SECRET]{after}", counts={"secret": 1})
+
+    @pytest.mark.parametrize(
+        "text",
+        [
+            "risk-AssessmentModelV2Final2024 is the branch",  # risk + sk-…: an ordinary word
+            "Ask-MeAnythingSession2024Recap notes",  # Ask + sk-…
+            "disk-UsageMonitor-v2-prod-eu1 alert",
+            "run task_test_ValidatesInputCorrectly1 again",  # task + sk_test_…
+            "network_test_Loopback2Interface01 passed",  # network + rk_test_…
+            "weighs_ComputeTheAverageOfAllTheValuesInArray",  # weighs + ghs_…
+            "pnpm_storeDirectoryForTheWorkspaceRoot123",  # pnpm + npm_…
+            "xghp_" + "a1B2c3D4e5" * 4,  # the tail of a longer run
+            "Xghp_" + "a1B2c3D4e5" * 4,
+            "1AKIAIOSFODNN7EXAMPLF",
+            "SLOVAKIAIOSFODNN7EXAMPLF",
+            "tokeneyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhZG1pbiJ9.abcDEF123_-x",
+            "getOrganizationServiceFactory.create.InstanceOfTheServiceProviderXyz",  # discord's shape
+            "chat:123456789:AA" + "aB3dE6xY9z" * 3 + "Q1w",
+        ],
+    )
+    def test_prefixes_inside_words_and_runs_stay(self, text: str) -> None:
+        assert redact(text) == RedactionResult(text=text, counts={})
+
+
 def _rep(unit: str, size: int = 100_000) -> str:
     return (unit * (size // len(unit) + 1))[:size]
 
@@ -259,6 +335,10 @@ ADVERSARIAL = {
     "ampersands": "password=" + _rep("&a"),
     "yaml_lines": _rep("password: a b c d e f\n"),
     "backslashes": "\\" * 100_000,
+    "separated_jwts": _rep("eyJ-"),
+    "separated_labels": _rep("a-eyJhbGciOiJ_"),
+    "separated_tokens": _rep("-AKIA_ghp_sk-aB1_"),
+    "camel_case_tokens": _rep("aAKIAAAAAAAAAAAAAAAAbAIza"),
     "every_trigger": _rep(
         "password token secret key ghp_ xoxb- eyJ -----BEGIN :// curl -p machine configure "
         "authorization bearer -- < /home/ /Users/ C:\\ ip-10- 10.0.0. fd00: sk- hf_ AKIA sig= "
