@@ -18,7 +18,10 @@ fingerprint of the token, never the token) is appended with flush + fsync, mode 
 shared by every bridge process using it. On start-up, on every successful remote call, and every
 `retry_interval` seconds while items are pending, this token's items are sent in order, each removed
 by an atomic rewrite (temporary file, fsync, rename) as soon as the server acknowledged it; the flush
-stops at the first refusal (an `isError` answer, or a 401) and keeps that item and the rest. An item
+stops at the first refusal (an `isError` answer) and keeps that item and the rest. A 401 means this
+token is invalid, revoked or expired: none of its items may ever be sent, so they move to
+`<buffer>.rejected` (same format plus `rejected_at` and `rejected_reason`, mode 0600) and are counted
+by `kb_memory_bridge_status` as `rejected`, kept there for an operator, never sent. An item
 whose acknowledgement was lost (bridge killed after the server answered, before the rewrite) is sent
 again on the next flush: the server's deterministic document ids make that replay an update in place.
 Items of other tokens in a shared buffer are never sent, recalled or removed by this bridge.
@@ -204,6 +207,7 @@ class BridgeBuffer:
         self.lock_path = path.with_name(path.name + ".lock")
         self.flush_lock_path = path.with_name(path.name + ".flush.lock")
         self.tools_path = path.with_name(path.name + ".tools.json")
+        self.rejected_path = path.with_name(path.name + ".rejected")
 
     # locking ---------------------------------------------------------------------------------
     def _ensure_dir(self) -> None:
@@ -315,6 +319,47 @@ class BridgeBuffer:
             if len(kept) != len(lines):
                 self._rewrite(kept)
             return len(self._mine(self._read_lines()))
+
+    def reject_mine(self, reason: str) -> int:
+        """Move every item of this token to the rejected file (appended and fsynced before the buffer is
+        rewritten: a crash in between leaves a copy in both, never in neither). Returns how many moved."""
+        with self._locked():
+            lines = self._read_lines()
+            mine = self._mine(lines)
+            if not mine:
+                return 0
+            now = datetime.now(UTC).isoformat()
+            records = b"".join(
+                (json.dumps({**item, "rejected_at": now, "rejected_reason": reason}, ensure_ascii=False) + "\n").encode(
+                    "utf-8", errors="surrogateescape"
+                )
+                for item in mine
+            )
+            fd = os.open(self.rejected_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                os.write(fd, records)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            ids = {item["id"] for item in mine}
+            self._rewrite([raw for raw, item in lines if item is None or item.get("id") not in ids])
+            return len(mine)
+
+    def rejected(self) -> int:
+        """How many of this token's items were set aside because the server refused the token."""
+        with self._locked():
+            try:
+                raw = self.rejected_path.read_bytes()
+            except FileNotFoundError:
+                return 0
+        count = 0
+        for line in raw.decode("utf-8", errors="surrogateescape").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            count += isinstance(record, dict) and record.get("token_fingerprint") == self.fingerprint
+        return count
 
     # recall from the buffer ------------------------------------------------------------------
     def search(self, query: str, limit: int, assignment: str | None) -> tuple[list[dict[str, Any]], int]:
@@ -481,9 +526,27 @@ class Bridge:
                 raise local[0] from None
             error = classify(exc, self.url)
             self._note(error)
+            if isinstance(error, RemoteUnauthorized):
+                await self._set_aside(error)
             raise error from None
         self._note(None)
         return result
+
+    async def _set_aside(self, error: RemoteUnauthorized) -> None:
+        """The token is refused for good: its queued items must never reach the server; keep them aside."""
+        try:
+            moved = await self._local(self.buffer.reject_mine, "the server refused the token (HTTP 401)")
+        except LocalBufferError as e:
+            logger.warning("%s", e)
+            return
+        if moved:
+            # Counts and paths only: queued arguments (fact text) never go to the log.
+            logger.warning(
+                "%s; %d queued item(s) of this token moved to %s and will never be sent",
+                error.reason,
+                moved,
+                self.buffer.rejected_path,
+            )
 
     def _note(self, error: RemoteError | None) -> None:
         if error is None:
@@ -686,7 +749,8 @@ class Bridge:
         with suppress(RemoteError):
             await self._remote(self._flush)
         pending = await self._local(self.buffer.pending)
-        others = await self._local(self.buffer.others_pending)
+        rejected = await self._local(self.buffer.rejected)
+        # Only this token's items: other tokens sharing the buffer file are not the caller's business.
         return _json(
             {
                 "url": self.url,
@@ -697,8 +761,8 @@ class Bridge:
                     {"queue_id": i["id"], "tool": i.get("tool"), "queued_at": i.get("queued_at")} for i in pending
                 ],
                 "blocked_by": self.blocked if pending else None,
+                "rejected": rejected,
                 "buffer": str(self.buffer.path),
-                "other_tokens_pending": others,
             }
         )
 

@@ -15,9 +15,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import anyio
@@ -53,6 +56,83 @@ async def _respond(send: Send, status: int, body: dict[str, Any], headers: list[
         }
     )
     await send({"type": "http.response.body", "body": payload})
+
+
+#: Anything shaped like one of our tokens (masked in every log line, wherever it came from).
+_TOKEN_SHAPED = re.compile(r"osam_[0-9a-f]{16}_[A-Za-z0-9_-]+")
+#: Debug dumps of whole MCP messages (their arguments hold fact text): dropped.
+_MESSAGE_DUMPS = ("Message that failed validation", "Received message")
+_VALIDATION_FAILED = "Failed to validate request"
+
+
+class LogScrubber(logging.Filter):
+    """Keeps bearer tokens and fact text out of the server's log.
+
+    - uvicorn's access log shows the path without its query string (a token put in ``?token=`` by
+      mistake would otherwise be written in clear);
+    - the MCP SDK's "Failed to validate request" warning quotes the request's arguments (pydantic's
+      message includes the input): it is logged without its details, and the SDK's debug dumps of
+      whole messages are dropped;
+    - anything shaped like a token is masked in any record that reaches our handlers.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "uvicorn.access":
+            # Its formatter unpacks the five args (client, method, path, version, status): keep the shape.
+            if isinstance(record.args, tuple) and len(record.args) >= 3 and isinstance(record.args[2], str):
+                path = _TOKEN_SHAPED.sub("osam_***", record.args[2].split("?", 1)[0])
+                record.args = (*record.args[:2], path, *record.args[3:])
+            return True
+        if isinstance(record.msg, str):
+            if record.msg.startswith(_MESSAGE_DUMPS):
+                return False
+            if record.msg.startswith(_VALIDATION_FAILED):
+                record.msg = f"{_VALIDATION_FAILED} (details not logged: they may quote the tool arguments)"
+                record.args, record.exc_info, record.exc_text = None, None, None
+        message = record.getMessage()
+        if _TOKEN_SHAPED.search(message):
+            record.msg, record.args = _TOKEN_SHAPED.sub("osam_***", message), None
+        return True
+
+
+def install_log_scrubbing() -> LogScrubber:
+    """Put a :class:`LogScrubber` on every handler that serves the server's log.
+
+    Call it after uvicorn configured its loggers (``uvicorn.Config(...)``). The root logger gets a
+    stderr handler if it has none: the MCP SDK logs through ``logging.warning(...)``, which would
+    otherwise add an unfiltered one by itself (``basicConfig``).
+    """
+    scrubber = LogScrubber()
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:%(name)s:%(message)s"))
+        root.addHandler(handler)
+    # Handler filters see every record that reaches them (the mcp loggers propagate to the root's);
+    # logger filters also cover a handler added later by someone else.
+    for name in ("", "uvicorn", "uvicorn.access"):
+        logger_ = logging.getLogger(name)
+        logger_.addFilter(scrubber)
+        for handler_ in logger_.handlers:
+            handler_.addFilter(scrubber)
+    return scrubber
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM a normal exit (``SystemExit(143)``) in the main thread.
+
+    Python's default SIGTERM action ends the process without running ``finally`` blocks or atexit, so
+    the embedded PostgreSQL it started would keep running with this pid still in its handle list.
+    uvicorn captures SIGTERM while it serves, shuts down gracefully, restores this handler and raises
+    the signal again, which lands here. A second SIGTERM is ignored so it cannot cut the cleanup short
+    (``pg_ctl stop`` is itself bounded).
+    """
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 class CachingVerifier:

@@ -36,6 +36,11 @@ SELECT_TOKEN = sql.SQL(
 REVOKE_TOKEN = sql.SQL(
     "UPDATE {schema}.tokens SET revoked_at = coalesce(revoked_at, now()) WHERE token_id = %s RETURNING token_id"
 )
+# now() of the database, so a replay judges expiry by the same clock that stamped expires_at.
+TOKEN_ACTIVE = sql.SQL(
+    """SELECT revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
+    FROM {schema}.tokens WHERE token_id = %s"""
+)
 LIST_TOKENS = sql.SQL(
     """SELECT token_id, org_id, coalesce(assignment_ids, ARRAY[assignment_id]), specialist_id, created_at,
     expires_at, revoked_at FROM {schema}.tokens ORDER BY created_at"""
@@ -83,6 +88,7 @@ class TokenStore:
         self._insert = INSERT_TOKEN.format(schema=schema)
         self._select = SELECT_TOKEN.format(schema=schema)
         self._revoke = REVOKE_TOKEN.format(schema=schema)
+        self._active = TOKEN_ACTIVE.format(schema=schema)
         self._list = LIST_TOKENS.format(schema=schema)
 
     def create(
@@ -155,6 +161,20 @@ class TokenStore:
             raise InvalidInputError(msg)
         with transaction(self.conn_str, self.config) as conn:
             return conn.execute(self._revoke, (token_id,)).fetchone() is not None
+
+    def is_active(self, token_id: str) -> bool:
+        """Whether the token ``token_id`` exists and is neither revoked nor expired right now.
+
+        For work done earlier on the token's behalf (offline-buffer replays), where the secret is gone.
+
+        Raises:
+            DatabaseError: the database could not answer (the caller must not assume either way).
+        """
+        if not re.fullmatch(r"[0-9a-f]{16}", token_id or ""):
+            return False
+        with transaction(self.conn_str, self.config) as conn:
+            row = conn.execute(self._active, (token_id,)).fetchone()
+        return row is not None and bool(row[0])
 
     def list(self) -> list[dict[str, Any]]:
         """Every token's metadata (never a secret)."""

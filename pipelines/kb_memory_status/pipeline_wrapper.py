@@ -14,7 +14,9 @@ class PipelineWrapper(MemoryToolWrapper):
         assignment: AssignmentArgument = None,
         headers: Headers | None = None,
     ) -> dict[str, Any]:
-        """Report the memory's health: database state, pending buffered facts, embedder, your scope and its size.
+        """Report the memory's health: database state, your scope's buffered facts, embedder, your scope's size.
+
+        Counts (pending, rejected, facts) cover only your org and assignment; no connection details are shown.
 
         Args:
             assignment: Optional assignment to report on, one granted to your token (default: its first).

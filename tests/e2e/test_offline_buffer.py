@@ -72,7 +72,7 @@ def test_store_while_the_database_is_down_then_flush(tmp_path: Path) -> None:
         assert [(a[1]["stored"], a[1]["queued"], a[1]["pending"]) for a in answers] == [
             (False, True, 1),
             (False, True, 2),
-            (False, True, 3),
+            (False, True, 1),  # each caller sees its own scope's queue only
         ]
         assert "unreachable" in answers[0][1]["reason"]
         buffer = data_dir / "offline-buffer.jsonl"
@@ -85,7 +85,8 @@ def test_store_while_the_database_is_down_then_flush(tmp_path: Path) -> None:
             "During the outage writes were paused",
         }
         _, status = call(srv.url, one, "kb_memory_status", {})
-        assert (status["database"], status["pending"]) == ("unreachable", 3)
+        assert (status["database"], status["pending"]) == ("unreachable", 2)
+        assert status["database_detail"] == "the database cannot be reached"  # no socket path
 
         srv.stop()
         assert len(buffer.read_text().splitlines()) == 3  # survived the server
