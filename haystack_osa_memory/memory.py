@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -22,7 +23,7 @@ from haystack_osa_memory.markers import add_marker, content_hash, document_id
 from haystack_osa_memory.pipelines import build_customer_search_pipeline, build_recall_pipeline, build_store_pipeline
 from haystack_osa_memory.redaction import CLASSES as REDACTION_CLASSES
 from haystack_osa_memory.redaction import redact
-from haystack_osa_memory.redaction_gate import secret_classes
+from haystack_osa_memory.redaction_gate import redact_field, secret_classes
 from haystack_osa_memory.reflect import OBSERVATION, ReflectReport, ReflectSettings, group_facts, observation_text
 from haystack_osa_memory.store.facts import FACT_SOURCE
 from haystack_osa_memory.store.lifecycle import (
@@ -32,7 +33,7 @@ from haystack_osa_memory.store.lifecycle import (
     Scope,
     count_scope_statement,
 )
-from haystack_osa_memory.store.schema import InitReport, ensure_schema
+from haystack_osa_memory.store.schema import InitReport, SchemaState, ensure_schema, prepare_schema
 from haystack_osa_memory.transfer import ImportItem, ImportReport
 from haystack_osa_memory.validation import (
     KINDS,
@@ -85,6 +86,27 @@ def _not_found(document_id: str) -> str:
     return f"no fact {document_id} in this assignment"
 
 
+def _in_scope(items: list[dict[str, Any]], caller: Caller) -> list[dict[str, Any]]:
+    """Buffered items of the caller's org and assignment only."""
+    return [i for i in items if i.get("org_id") == caller.org_id and i.get("assignment_id") == caller.assignment_id]
+
+
+_CONNECTION_DETAIL = re.compile(r"connection to server|socket|host=|\bport\b|\buser\b", re.IGNORECASE)
+
+
+def _public_detail(state: str, detail: str | None) -> str | None:
+    """A probe failure as callers may see it: never the socket path, host, port or role of the connection."""
+    if state == "ok" or detail is None:
+        return None
+    if state == "unreachable":
+        return "the database cannot be reached"
+    if _CONNECTION_DETAIL.search(detail):
+        if state == "unauthorised":
+            return "the database refused the server's connection (credentials or permissions)"
+        return "the database connection failed"
+    return detail
+
+
 class Memory:
     """Assignment-scoped memory on the knowledge base: store and recall facts for a trusted caller.
 
@@ -106,14 +128,16 @@ class Memory:
         document_embedder: Any | None = None,
         text_embedder: Any | None = None,
         use_default_embedders: bool = True,
-        init_schema: bool = True,
+        init_schema: bool = False,
     ) -> None:
         """
         :param config: Settings; `MemoryConfig.from_env()` by default.
         :param document_embedder: Any Haystack document embedder for the store side.
         :param text_embedder: Any Haystack text embedder for the recall side (same model as the document one).
         :param use_default_embedders: With no embedders given, build the configured default (`OSA_MEMORY_EMBEDDER`).
-        :param init_schema: Create or upgrade the tables on first use.
+        :param init_schema: Apply the migrations on first use, as `osa-memory init` does. Off by default:
+            on a team's database (`PG_CONN_STR`) memory only checks the schema version and runs no DDL;
+            the embedded default database is brought up to date automatically.
         """
         self.config = config or MemoryConfig.from_env()
         if document_embedder is None and text_embedder is None and use_default_embedders:
@@ -126,6 +150,7 @@ class Memory:
         self.init_schema = init_schema
         self.conn_str: str | None = None
         self.init_report: InitReport | None = None
+        self.schema: SchemaState | None = None
         self.store_pipeline: Pipeline | None = None
         self.recall_pipeline: Pipeline | None = None
         self.lifecycle: LifecycleRepository | None = None
@@ -146,6 +171,8 @@ class Memory:
             self.conn_str = resolve_connection_string(self.config)
             if self.init_schema:
                 self.init_report = ensure_schema(self.conn_str, self.config)
+            self.schema, report = prepare_schema(self.conn_str, self.config)
+            self.init_report = self.init_report or report
             secret = Secret.from_token(self.conn_str)
             store = build_store_pipeline(self.config, self.document_embedder, connection_string=secret)
             recall = build_recall_pipeline(self.config, self.text_embedder, connection_string=secret)
@@ -257,13 +284,14 @@ class Memory:
                 "meta": meta,
             }
         )
-        logger.warning("database unreachable; fact queued in the offline buffer (%d pending)", pending)
+        logger.warning("database unreachable (%s); fact queued in the offline buffer (%d pending)", error, pending)
+        # The caller sees neither the connection error (socket path, host) nor other scopes' items.
         return {
             "stored": False,
             "queued": True,
-            "reason": f"the database is unreachable ({error}); the fact waits in the local buffer "
+            "reason": "the database is unreachable; the fact waits in the local buffer "
             "and is stored when the database answers again",
-            "pending": pending,
+            "pending": len(_in_scope(self.buffer.items(), caller)),
             "redactions": redactions,
             "assignment_id": caller.assignment_id,
             "document_id": self._would_be_id(text, caller),
@@ -275,13 +303,21 @@ class Memory:
     def flush(self) -> int:
         """Store the buffered facts in order, each in its own scope; stop at the first refusal.
 
+        An item queued under a token is stored only if that token is still active now: the server may
+        have accepted it from its verification cache during the outage, after the token was revoked.
+        Items of a revoked or expired token move to the rejected file next to the buffer (counted by
+        `status`), never into the knowledge base. Items queued without a token are stored as before.
         Called automatically by the first successful database call. Returns how many were stored.
         """
+        from haystack_osa_memory.store.tokens import TokenStore
+
         if not self.buffer.path.exists() or not self._flushing.acquire(blocking=False):
             return 0
         flushed = 0
         try:
             assert self.lifecycle is not None
+            assert self.conn_str is not None
+            tokens = TokenStore(self.conn_str, self.config)
             for item in self.buffer.items():
                 caller = Caller(
                     org_id=item["org_id"],
@@ -290,6 +326,19 @@ class Memory:
                     token_id=item.get("token_id"),
                 )
                 try:
+                    if caller.token_id is not None and not tokens.is_active(caller.token_id):
+                        self.buffer.reject_first(item["id"], "token revoked or expired before the replay")
+                        # Identifiers only: the fact text never goes to the log.
+                        logger.warning(
+                            "offline buffer: item %s of %s/%s refused at replay: token %s is revoked or expired; "
+                            "kept aside in %s, not stored",
+                            item["id"],
+                            caller.org_id,
+                            caller.assignment_id,
+                            caller.token_id,
+                            self.buffer.rejected_path,
+                        )
+                        continue
                     if not self.config.enabled or self.lifecycle.is_off(caller.org_id, caller.assignment_id):
                         logger.warning(
                             "offline buffer: memory is off for %s; %d items kept",
@@ -341,7 +390,8 @@ class Memory:
         return {
             "assignment_id": caller.assignment_id,
             "facts": facts,
-            "degraded": f"the database is unreachable ({error}); answered from {len(mine)} buffered facts "
+            # Not the connection error itself: it names the socket path or host (logged instead).
+            "degraded": f"the database is unreachable; answered from {len(mine)} buffered facts "
             "of this assignment only",
         }
 
@@ -367,11 +417,18 @@ class Memory:
         body = check_fact(body)
         paths = check_string_list(paths, "paths", max_items=PATHS_MAX, max_len=PATH_MAX)
         personas = check_string_list(personas, "personas", max_items=PERSONAS_MAX, max_len=PERSONA_MAX)
-        content = f"{title}\n\n{body}"
         lifecycle = self._lifecycle(caller)
         secret = secret_classes("\n".join([title, body, *paths, *personas]))
         if secret:
             return {"rejected": f"contains a secret ({', '.join(secret)}); remove it and propose again"}
+        # The title (governing row's title column and metadata), paths and personas (metadata) are
+        # stored beside the content, where the pipeline's redactor does not reach: redact them here.
+        fields = [redact_field(text, self.config.redaction_off) for text in (title, *paths, *personas)]
+        field_redactions = sum(result.total for result in fields)
+        title = fields[0].text
+        paths = [result.text for result in fields[1 : 1 + len(paths)]]
+        personas = [result.text for result in fields[1 + len(paths) :]]
+        content = f"{title}\n\n{body}"
         wanted = {normalise(body), normalise(content)}
         for doc_id, text in lifecycle.scope_contents(Scope(caller.org_id, caller.assignment_id)).items():
             if wanted & {normalise(text), normalise(text.split("\n\n", 1)[-1])}:
@@ -379,7 +436,7 @@ class Memory:
         meta: dict[str, Any] = {"kind": kind, "title": title, "paths": paths, "personas": personas}
         docs = [Document(content=content, meta=meta)]
         (doc_id,), redactions = self._write(docs, caller, status=PROPOSED, action="propose")
-        return {"document_id": doc_id, "status": PROPOSED, "redactions": redactions}
+        return {"document_id": doc_id, "status": PROPOSED, "redactions": redactions + field_redactions}
 
     def read(self, document_id: str, *, caller: Caller) -> dict[str, Any]:
         """The whole fact with provenance; records one read per (caller run, fact).
@@ -395,6 +452,9 @@ class Memory:
 
     def feedback(self, document_id: str, verdict: str, note: str | None = None, *, caller: Caller) -> dict[str, Any]:
         """Confirm or flag a fact; one vote per (caller run, fact), a changed verdict replaces the old one.
+
+        A note with a secret is refused; its private addresses and user paths are redacted (configured
+        classes) by the repository before the note is kept in the feedback and audit tables.
 
         :returns: `{"document_id", "trust", "status", "confirms", "flags"}`
         """
@@ -420,7 +480,11 @@ class Memory:
         return result
 
     def forget(self, document_id: str, reason: str, *, caller: Caller) -> dict[str, Any]:
-        """Retract a fact: never recalled, read or counted again; storing its text later creates it afresh."""
+        """Retract a fact: never recalled, read or counted again; storing its text later creates it afresh.
+
+        The reason is redacted like a fact (configured classes, secrets included) by the repository
+        before it is kept in the audit and the retired governing row's metadata.
+        """
         document_id = check_document_id(document_id)
         reason = check_text(reason, "reason", min_len=1, max_len=REASON_MAX)
         scope = Scope(caller.org_id, caller.assignment_id)
@@ -555,8 +619,9 @@ class Memory:
                 docs = []
                 for item in (i for i in fresh if i.status == status):
                     meta: dict[str, Any] = {"kind": item.kind}
-                    if item.topic is not None:
-                        meta["topic"] = item.topic
+                    if item.topic is not None:  # kept in metadata and the title: redacted as in `store`
+                        meta["topic"], topic_redactions = self._redact_short(item.topic)
+                        report.redactions += topic_redactions
                     if item.expires_at is not None:
                         meta["expires_at"] = item.expires_at
                     docs.append(Document(content=item.fact, meta=meta))
@@ -600,11 +665,17 @@ class Memory:
             guard = self.recall_pipeline.get_component("embed") if self.recall_pipeline is not None else None
             ready = guard is None or getattr(guard, "available", True)
             embedder = {"state": "ready" if ready else "unavailable", "mode": "hybrid" if ready else "lexical"}
+        if detail is not None:
+            logger.info("status probe: database %s: %s", state, detail)
+        buffered = self.buffer.items() if self.buffer.path.exists() else []
+        rejected = self.buffer.rejected() if self.buffer.rejected_path.exists() else []
+        # Only the caller's scope is counted, and the probe's detail is shown without connection details.
         return {
             "version": __version__,
             "database": state,
-            "database_detail": detail,
-            "pending": self.pending(),
+            "database_detail": _public_detail(state, detail),
+            "pending": len(_in_scope(buffered, caller)),
+            "rejected": len(_in_scope(rejected, caller)),
             "embedder": embedder,
             "scope": {"org_id": caller.org_id, "assignment_id": caller.assignment_id},
             "facts": facts,

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from typing import Any
 
 from haystack import Document, component, default_from_dict, default_to_dict
 from haystack.utils import Secret, deserialize_secrets_inplace
 
 from haystack_osa_memory.components._kb import KnowledgeBaseSettings
+from haystack_osa_memory.database import fact_scope
 from haystack_osa_memory.errors import AclLookupError, OsaMemoryError
 from haystack_osa_memory.store.facts import FactRepository
 
@@ -106,7 +108,10 @@ class GoverningRowAclFilter(KnowledgeBaseSettings):
         try:
             self.warm_up()
             assert self._repo is not None
-            rows = self._repo.governing_rows(ids)
+            # Read inside the caller's scope when it names one (row-level security shows its facts);
+            # without one, facts stay invisible and only other documents can be admitted.
+            with fact_scope(org_id, assignment_id) if assignment_id is not None else nullcontext():
+                rows = self._repo.governing_rows(ids)
         except OsaMemoryError as e:
             msg = f"governing rows could not be read, no document admitted: {e}"
             raise AclLookupError(msg) from e

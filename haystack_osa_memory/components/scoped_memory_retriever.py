@@ -9,6 +9,7 @@ from haystack import Document, component, default_from_dict, default_to_dict
 from haystack.utils import Secret, deserialize_secrets_inplace
 
 from haystack_osa_memory.components._kb import KnowledgeBaseSettings
+from haystack_osa_memory.database import fact_scope
 from haystack_osa_memory.markers import check_identifier
 from haystack_osa_memory.store.facts import FACT_AUDIENCE, FactRepository, ScopeHit
 from haystack_osa_memory.store.ranking import RankingParams
@@ -195,7 +196,7 @@ class ScopedMemoryRetriever(KnowledgeBaseSettings):
         self.warm_up()
         assert self._repo is not None
         hybrid = query_embedding is not None
-        with self._repo.reading() as conn:
+        with fact_scope(org_id, assignment_id), self._repo.reading() as conn:
             hits = self._repo.scope_hits(
                 org_id=org_id,
                 assignment_id=assignment_id,

@@ -8,19 +8,22 @@ another scope behaves exactly like a fact that does not exist.
 from __future__ import annotations
 
 import base64
+import functools
+import inspect
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg import sql
 
 from haystack_osa_memory.config import MemoryConfig
-from haystack_osa_memory.database import read, transaction
+from haystack_osa_memory.database import fact_scope, read, transaction
 from haystack_osa_memory.errors import InvalidInputError
 from haystack_osa_memory.markers import strip_marker
+from haystack_osa_memory.redaction_gate import redact_optional
 from haystack_osa_memory.store.facts import FACT_SOURCE, INSERT_AUDIT
 
 APPROVED, PROPOSED, FLAGGED, REJECTED, RETIRED = "approved", "proposed", "flagged", "rejected", "retired"
@@ -207,6 +210,29 @@ class Scope:
     assignment_id: str
 
 
+_M = TypeVar("_M", bound=Callable[..., Any])
+
+
+def _scoped(method: _M) -> _M:
+    """Run a repository method whose first argument is a `Scope` with the database sessions set to that
+    scope (`haystack_osa_memory.database.fact_scope`: row-level security, when on, shows its facts only)."""
+    if inspect.isgeneratorfunction(method):
+
+        @functools.wraps(method)
+        def generator(self: Any, scope: Scope, *args: Any, **kwargs: Any) -> Iterator[Any]:
+            with fact_scope(scope.org_id, scope.assignment_id):
+                yield from method(self, scope, *args, **kwargs)
+
+        return cast(_M, generator)
+
+    @functools.wraps(method)
+    def wrapper(self: Any, scope: Scope, *args: Any, **kwargs: Any) -> Any:
+        with fact_scope(scope.org_id, scope.assignment_id):
+            return method(self, scope, *args, **kwargs)
+
+    return cast(_M, wrapper)
+
+
 class LifecycleRepository:
     """All lifecycle SQL for one configuration."""
 
@@ -248,12 +274,19 @@ class LifecycleRepository:
             },
         )
 
+    def _redact(self, text: str | None) -> str | None:
+        """A free-text field (reason, note) redacted like facts before it is kept anywhere: the audit,
+        a governing row's metadata, the feedback and switches tables are read by people and tools that
+        never see the unredacted fact."""
+        return redact_optional(text, self.config.redaction_off)
+
     def _votes(self, conn: psycopg.Connection[Any], document_id: str) -> tuple[int, int, int]:
         row = conn.execute(self._q["COUNT_VOTES"], {"document_id": document_id}).fetchone()
         assert row is not None
         return int(row[0]), int(row[1]), int(row[2])
 
     # -- read ------------------------------------------------------------------------------------
+    @_scoped
     def read(self, scope: Scope, document_id: str, run_id: str) -> dict[str, Any] | None:
         """The fact with provenance, recording one read per (run, fact); ``None`` when not in scope."""
         with transaction(self.conn_str, self.config) as conn:
@@ -284,6 +317,7 @@ class LifecycleRepository:
         }
 
     # -- feedback --------------------------------------------------------------------------------
+    @_scoped
     def feedback(
         self,
         scope: Scope,
@@ -296,6 +330,7 @@ class LifecycleRepository:
         actor: str,
     ) -> dict[str, Any] | None:
         """Record (or replace) this run's vote; recompute trust and the flagged status."""
+        note = self._redact(note)
         with transaction(self.conn_str, self.config) as conn:
             row = conn.execute(self._q["LOCK_FACT"], self._params(scope, document_id)).fetchone()
             if row is None:
@@ -327,8 +362,10 @@ class LifecycleRepository:
         }
 
     # -- forget ----------------------------------------------------------------------------------
+    @_scoped
     def forget(self, scope: Scope, document_id: str, *, reason: str, actor: str) -> bool:
-        """Retire the governing row (reason kept), delete its chunk, votes and reads."""
+        """Retire the governing row (reason kept, redacted), delete its chunk, votes and reads."""
+        reason = self._redact(reason) or ""
         with transaction(self.conn_str, self.config) as conn:
             row = conn.execute(self._q["LOCK_FACT"], self._params(scope, document_id)).fetchone()
             if row is None:
@@ -350,6 +387,7 @@ class LifecycleRepository:
         return True
 
     # -- list ------------------------------------------------------------------------------------
+    @_scoped
     def list_facts(self, scope: Scope, *, status: str | None, topic: str | None, cursor: str | None) -> dict[str, Any]:
         after_at, after_id = decode_cursor(cursor) if cursor else (_EPOCH, "")
         statuses = [status] if status else list(LISTABLE_STATUSES)
@@ -382,12 +420,14 @@ class LifecycleRepository:
         next_cursor = encode_cursor(page[-1][4], page[-1][0]) if more and page else None
         return {"assignment_id": scope.assignment_id, "facts": facts, "next_cursor": next_cursor}
 
+    @_scoped
     def scope_contents(self, scope: Scope) -> dict[str, str]:
         """document id -> stored text (marker stripped) of every live fact of the scope."""
         with transaction(self.conn_str, self.config) as conn:
             rows = conn.execute(self._q["SCOPE_CONTENTS"], (scope.org_id, FACT_SOURCE, scope.assignment_id)).fetchall()
         return {r[0]: strip_marker(r[1] or "") for r in rows}
 
+    @_scoped
     def count_scope(self, scope: Scope) -> int:
         """Approved facts in the scope."""
         params = {"org_id": scope.org_id, "assignment_id": scope.assignment_id, "source": FACT_SOURCE}
@@ -396,6 +436,7 @@ class LifecycleRepository:
         return int(row[0]) if row else 0
 
     # -- reflect ---------------------------------------------------------------------------------
+    @_scoped
     def reflect_candidates(self, scope: Scope) -> list[dict[str, Any]]:
         """Approved facts of the scope with text (marker stripped), embedding, metadata and age."""
         with transaction(self.conn_str, self.config) as conn:
@@ -413,6 +454,7 @@ class LifecycleRepository:
             for r in rows
         ]
 
+    @_scoped
     def consolidate(
         self, scope: Scope, observation_id: str, evidence: list[str], merged: list[str], *, actor: str
     ) -> int:
@@ -446,6 +488,7 @@ class LifecycleRepository:
             rows = conn.execute(self._q["LIVE_IDS"], (document_ids,)).fetchall()
         return {r[0] for r in rows}
 
+    @_scoped
     def export_rows(self, scope: Scope) -> Iterator[dict[str, Any]]:
         """Every live fact of the scope, oldest first, as `transfer.export_line` expects."""
         with transaction(self.conn_str, self.config) as conn:
@@ -473,7 +516,8 @@ class LifecycleRepository:
         return out
 
     def review(self, document_id: str, *, accept: bool, actor: str, note: str | None) -> dict[str, Any]:
-        """Accept (-> approved) or reject (-> rejected) a proposed or flagged fact."""
+        """Accept (-> approved) or reject (-> rejected) a proposed or flagged fact; the note is redacted."""
+        note = self._redact(note)
         with transaction(self.conn_str, self.config) as conn:
             row = conn.execute(self._q["LOCK_FOR_REVIEW"], (document_id, FACT_SOURCE)).fetchone()
             if row is None or row[2] not in (PROPOSED, FLAGGED):
@@ -495,6 +539,8 @@ class LifecycleRepository:
 
     # -- switches --------------------------------------------------------------------------------
     def set_switch(self, org_id: str, assignment_id: str, *, enabled: bool, actor: str, reason: str | None) -> None:
+        """Turn memory off (or back on) for an org/assignment (``*`` for all); the reason is redacted."""
+        reason = self._redact(reason)
         with transaction(self.conn_str, self.config) as conn:
             if enabled:
                 conn.execute(self._q["SWITCH_ON"], (org_id, assignment_id))

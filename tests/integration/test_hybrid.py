@@ -14,7 +14,7 @@ from psycopg import sql
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
 from haystack_osa_memory.embedders import build_embedders
-from haystack_osa_memory.store.schema import ensure_schema
+from haystack_osa_memory.store.schema import SCHEMA_VERSION, ensure_schema
 from tests.conftest import drop_schema, new_schema_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.embeddings]
@@ -292,7 +292,7 @@ def test_schema_7_fills_rows_written_before_it(
         assert conn.execute(triggers, (chunk_table,)).fetchone() == (0,)
     assert all(row[0] is None for row in _terms(pg_conn_str, hybrid_config).values())
     report = ensure_schema(pg_conn_str, hybrid_config)
-    assert (report.version_before, report.version_after) == (6, 8)
+    assert (report.version_before, report.version_after) == (6, SCHEMA_VERSION)
     with psycopg.connect(pg_conn_str) as conn:
         assert conn.execute(triggers, (chunk_table,)).fetchone() == (2,)
     terms = _terms(pg_conn_str, hybrid_config)
@@ -323,12 +323,12 @@ def test_schema_8_packs_the_lexemes_of_earlier_rows(
     with psycopg.connect(pg_conn_str) as conn:
         _back_to_version(conn, hybrid_config, 7)
     report = ensure_schema(pg_conn_str, hybrid_config)
-    assert (report.version_before, report.version_after) == (7, 8)
+    assert (report.version_before, report.version_after) == (7, SCHEMA_VERSION)
     assert _terms_column(pg_conn_str, hybrid_config, "terms") == written
     with pytest.raises(psycopg.errors.UndefinedColumn):
         _terms_column(pg_conn_str, hybrid_config, "tsv")
     assert _ranked([memory.recall(q, caller=me)["facts"] for q in queries]) == _ranked(before)
-    assert ensure_schema(pg_conn_str, hybrid_config).version_before == 8
+    assert ensure_schema(pg_conn_str, hybrid_config).version_before == SCHEMA_VERSION
 
 
 def test_query_and_fact_lexemes_hash_alike(pg_conn_str: str, hybrid_config: MemoryConfig) -> None:
@@ -429,5 +429,5 @@ def test_init_restores_missing_triggers(pg_conn_str: str, hybrid_config: MemoryC
     with psycopg.connect(pg_conn_str, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP TRIGGER osa_fact_terms_truncate ON {schema}.{chunk}").format(**names))
         assert conn.execute(count, (chunk_table,)).fetchone() == (1,)
-        assert ensure_schema(pg_conn_str, hybrid_config).version_before == 8
+        assert ensure_schema(pg_conn_str, hybrid_config).version_before == SCHEMA_VERSION
         assert conn.execute(count, (chunk_table,)).fetchone() == (2,)

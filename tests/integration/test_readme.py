@@ -6,7 +6,9 @@ import re
 
 import pytest
 
+from haystack_osa_memory import MemoryConfig
 from haystack_osa_memory import memory as memory_module
+from haystack_osa_memory.store.schema import ensure_schema
 from tests.conftest import REPO, drop_schema
 
 pytestmark = pytest.mark.integration
@@ -24,6 +26,8 @@ def test_readme_examples_run(pg_conn_str: str, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("OSA_MEMORY_KB_SCHEMA", "readme_kb")
     monkeypatch.setenv("OSA_MEMORY_SCHEMA", "readme_kb")
     monkeypatch.setattr(memory_module, "_shared", None)
+    # With PG_CONN_STR the README has `osa-memory init` run first (memory itself runs no DDL there).
+    ensure_schema(pg_conn_str, MemoryConfig.from_env())
     try:
         for block in blocks:
             exec(compile(block, "README.md", "exec"), {})  # noqa: S102 - our own documentation
