@@ -428,9 +428,17 @@ def store_entry(pipe: Pipeline) -> str:
 
 
 def store_all(
-    conversations: Sequence[Conversation], variant: Variant, conn_str: str, batch_size: int, show: bool
+    conversations: Sequence[Conversation],
+    variant: Variant,
+    conn_str: str,
+    batch_size: int,
+    show: bool,
+    embedders: tuple[Any | None, Any | None] | None = None,
 ) -> StoredBase:
-    """Store every turn through our store pipeline, in batches, into a fresh schema."""
+    """Store every turn through our store pipeline, in batches, into a fresh schema.
+
+    ``embedders``: (document, text) embedders to use instead of the variant's (benchmarks/embedders.py).
+    """
     schema = "locomo_" + uuid.uuid4().hex[:10]
     config = MemoryConfig(
         pg_conn_str=conn_str,
@@ -439,7 +447,7 @@ def store_all(
         embedder="minilm" if variant.embedder == "minilm" else "none",
     )
     ensure_schema(conn_str, config)
-    doc_embedder, text_embedder = variant_embedders(config, variant)
+    doc_embedder, text_embedder = embedders if embedders is not None else variant_embedders(config, variant)
     pipe: Pipeline = build_store_pipeline(config, doc_embedder)
     pipe.warm_up()
     entry = store_entry(pipe)

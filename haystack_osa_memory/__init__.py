@@ -20,8 +20,6 @@ _EXPORTS: dict[str, str] = {
     "Caller": "haystack_osa_memory.caller",
     "caller_scope": "haystack_osa_memory.caller",
     "current_caller": "haystack_osa_memory.caller",
-    "require_caller": "haystack_osa_memory.caller",
-    "scoped_caller": "haystack_osa_memory.caller",
     "GovernedFactWriter": "haystack_osa_memory.components",
     "GoverningRowAclFilter": "haystack_osa_memory.components",
     "GuardedTextEmbedder": "haystack_osa_memory.components",
@@ -32,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "ScopeMarkerStripper": "haystack_osa_memory.components",
     "ScopeMarkerWriter": "haystack_osa_memory.components",
     "MemoryConfig": "haystack_osa_memory.config",
+    "MemoryStore": "haystack_osa_memory.store.memory_store",
     "AclLookupError": "haystack_osa_memory.errors",
     "AuthenticationError": "haystack_osa_memory.errors",
     "ConfigurationError": "haystack_osa_memory.errors",
@@ -64,6 +63,7 @@ __all__ = [
     "Memory",
     "MemoryConfig",
     "MemoryOffError",
+    "MemoryStore",
     "MiniLMDocumentEmbedder",
     "MiniLMTextEmbedder",
     "NotFoundError",
@@ -80,13 +80,11 @@ __all__ = [
     "build_store_pipeline",
     "caller_scope",
     "current_caller",
-    "require_caller",
-    "scoped_caller",
     "shared_memory",
 ]
 
 if TYPE_CHECKING:
-    from haystack_osa_memory.caller import Caller, caller_scope, current_caller, require_caller, scoped_caller
+    from haystack_osa_memory.caller import Caller, caller_scope, current_caller
     from haystack_osa_memory.components import (
         GovernedFactWriter,
         GoverningRowAclFilter,
@@ -118,6 +116,7 @@ if TYPE_CHECKING:
         build_recall_pipeline,
         build_store_pipeline,
     )
+    from haystack_osa_memory.store.memory_store import MemoryStore
 
 
 def __getattr__(name: str) -> Any:

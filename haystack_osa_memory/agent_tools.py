@@ -26,18 +26,22 @@ agent.run(
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from haystack.components.agents.state.state import State
-from haystack.tools.from_function import create_tool_from_function
 from haystack.tools.tool import Tool
+from pydantic import BaseModel
 
 from haystack_osa_memory.caller import Caller
 from haystack_osa_memory.errors import ScopeError
 from haystack_osa_memory.memory import Memory
+from haystack_osa_memory.tools import RECALL, STORE, RecallArguments, StoreArguments, ToolSpec
 
 #: The agent-state key that holds `{"org_id": ..., "assignment_id": ..., "specialist_id": ...}`.
 SCOPE_STATE_KEY = "osa_scope"
+
+A = TypeVar("A", bound=BaseModel)
 
 
 def _caller(state: State, key: str) -> Caller:
@@ -53,23 +57,44 @@ def _caller(state: State, key: str) -> Caller:
     )
 
 
+def tool_parameters(spec: ToolSpec[Any, Any]) -> dict[str, Any]:
+    """The JSON schema of a tool's arguments for a model: the spec's, without `assignment` (the scope comes
+    from the agent's state) and without pydantic's `title` keywords."""
+    schema: dict[str, Any] = spec.Arguments.model_json_schema()
+    schema.pop("title", None)
+    properties = {
+        name: {key: value for key, value in prop.items() if key != "title"}
+        for name, prop in schema["properties"].items()
+        if name != "assignment"
+    }
+    schema["properties"] = properties
+    if "required" in schema:
+        schema["required"] = [name for name in schema["required"] if name in properties]
+    return schema
+
+
+def _tool(spec: ToolSpec[A, Any], state_key: str, run: Callable[[A, Caller], dict[str, Any]]) -> Tool:
+    """A Haystack tool for ``spec`` that runs ``run(arguments, caller)``, the caller taken from the state.
+
+    The function's `State` parameter is injected by the Agent after the model's arguments (a `state` the
+    model sends is replaced); the arguments are not validated here: `Memory` checks every value.
+    """
+
+    def function(state: State, **arguments: Any) -> dict[str, Any]:
+        arguments.pop("assignment", None)
+        return run(spec.Arguments.model_construct(**arguments), _caller(state, state_key))
+
+    function.__name__ = spec.name
+    return Tool(name=spec.name, description=spec.description, parameters=tool_parameters(spec), function=function)
+
+
 def memory_tools(memory: Memory, state_key: str = SCOPE_STATE_KEY) -> list[Tool]:
-    """`kb_memory_store` and `kb_memory_recall` as Haystack tools bound to ``memory``."""
+    """`kb_memory_store` and `kb_memory_recall` as Haystack tools bound to ``memory`` (declared in `tools.py`)."""
 
-    def kb_memory_store(
-        fact: Annotated[str, "The fact to remember, 1 to 2000 characters, self-contained."],
-        state: State,
-        topic: Annotated[str | None, "Optional short topic, at most 120 characters."] = None,
-    ) -> dict[str, Any]:
-        """Store a durable fact in the memory of the assignment you are working on, for later sessions."""
-        return memory.store(fact, topic, caller=_caller(state, state_key))
+    def store(args: StoreArguments, caller: Caller) -> dict[str, Any]:
+        return memory.store(args.fact, args.topic, kind=args.kind, ttl_days=args.ttl_days, caller=caller)
 
-    def kb_memory_recall(
-        query: Annotated[str, "What you want to remember: a question or keywords, 1 to 1000 characters."],
-        state: State,
-        limit: Annotated[int, "How many facts to return, 1 to 20."] = 8,
-    ) -> dict[str, Any]:
-        """Recall facts stored earlier in the memory of the assignment you are working on, best match first."""
-        return memory.recall(query, limit, caller=_caller(state, state_key))
+    def recall(args: RecallArguments, caller: Caller) -> dict[str, Any]:
+        return memory.recall(args.query, args.limit, caller=caller)
 
-    return [create_tool_from_function(kb_memory_store), create_tool_from_function(kb_memory_recall)]
+    return [_tool(STORE, state_key, store), _tool(RECALL, state_key, recall)]

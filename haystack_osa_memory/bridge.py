@@ -6,7 +6,8 @@ the server cannot be reached (connection refused or reset, no answer in time, HT
 
 - `kb_memory_store` and `kb_memory_propose` calls are appended to a durable local buffer and answered
   `{"stored": false, "queued": true, "reason": ..., "pending": N}`; nothing pretends to be stored;
-- `kb_memory_recall` answers from the queued facts (word overlap), marked `"degraded": <why>`;
+- `kb_memory_recall` answers from the queued facts (word overlap, `buffer.rank`), marked
+  `"degraded": <why>`;
 - every other tool answers `isError` saying the server is unreachable;
 - `tools/list` answers from the last good list, cached next to the buffer.
 
@@ -14,11 +15,13 @@ A refused token (HTTP 401) is never "unreachable": the call fails saying the tok
 nothing is queued. Other 4xx answers (wrong URL) are errors too.
 
 The buffer (JSON lines, one item per call: `id`, `tool`, `arguments`, `queued_at`, and a SHA-256
-fingerprint of the token, never the token) is appended with flush + fsync, mode 0600, under a lock file
-shared by every bridge process using it. On start-up, on every successful remote call, and every
-`retry_interval` seconds while items are pending, this token's items are sent in order, each removed
-by an atomic rewrite (temporary file, fsync, rename) as soon as the server acknowledged it; the flush
-stops at the first refusal (an `isError` answer) and keeps that item and the rest. A 401 means this
+fingerprint of the token, never the token) is a `haystack_osa_memory.buffer.DurableQueue`, the same
+queue as `Memory`'s offline buffer: appended with fsync, mode 0600, under a lock file shared by every
+bridge process using it; a torn line left by a crash is skipped and kept. On start-up, on every
+successful remote call, and every `retry_interval` seconds while items are pending, this token's items
+are sent in order (one bridge process at a time), each removed by an atomic rewrite (temporary file,
+fsync, rename) as soon as the server acknowledged it; the flush stops at the first refusal (an
+`isError` answer) and keeps that item and the rest. A 401 means this
 token is invalid, revoked or expired: none of its items may ever be sent, so they move to
 `<buffer>.rejected` (same format plus `rejected_at` and `rejected_reason`, mode 0600) and are counted
 by `kb_memory_bridge_status` as `rejected`, kept there for an operator, never sent. An item
@@ -39,9 +42,8 @@ import os
 import re
 import sys
 import tempfile
-import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -57,6 +59,8 @@ from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import McpError
+
+from haystack_osa_memory.buffer import DurableQueue, rank
 
 logger = logging.getLogger("haystack_osa_memory.bridge")  # also when run as __main__
 
@@ -79,8 +83,6 @@ STATUS_TOOL_DEFINITION = types.Tool(
     ),
     inputSchema={"type": "object", "properties": {}, "additionalProperties": False},
 )
-
-_WORD = re.compile(r"\w+")
 
 
 # -- remote failures ---------------------------------------------------------------------------------
@@ -167,204 +169,51 @@ def default_buffer_path() -> Path:
     return Path(base) / "osa-memory" / BUFFER_NAME
 
 
-def _fsync_dir(directory: Path) -> None:
-    if sys.platform == "win32":  # pragma: no cover - directories cannot be opened there
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _lock(fd: int, *, blocking: bool) -> bool:
-    """Exclusive advisory lock on ``fd``; False if ``blocking`` is False and someone else holds it."""
-    if sys.platform == "win32":  # pragma: no cover - no flock: processes sharing a buffer are not serialised
-        return True
-    import fcntl
-
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
-
-
-def _words(text: str) -> set[str]:
-    return {w.casefold() for w in _WORD.findall(text)}
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 class BridgeBuffer:
-    """The bridge's durable queue of calls, and its cache of the server's tool list.
+    """One token's view of the shared `DurableQueue` of calls, and the cache of the server's tool list.
 
-    Every method is synchronous and safe across threads and processes (a lock file serialises
-    read-modify-write cycles); the bridge calls them in a worker thread.
+    Every method is synchronous and safe across threads and processes (the queue's locks); the bridge
+    calls them in a worker thread. Items of other tokens in the file are never returned or removed.
     """
 
     def __init__(self, path: Path, fingerprint: str) -> None:
+        self.queue = DurableQueue(path)
         self.path = path
         self.fingerprint = fingerprint
-        self.lock_path = path.with_name(path.name + ".lock")
-        self.flush_lock_path = path.with_name(path.name + ".flush.lock")
         self.tools_path = path.with_name(path.name + ".tools.json")
-        self.rejected_path = path.with_name(path.name + ".rejected")
+        self.rejected_path = self.queue.rejected_path
 
-    # locking ---------------------------------------------------------------------------------
-    def _ensure_dir(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        self._ensure_dir()
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            _lock(fd, blocking=True)
-            yield
-        finally:
-            os.close(fd)  # closing releases the lock
-
-    def try_flush_lock(self) -> int | None:
-        """Take the cross-process flush lock without waiting: its fd, or None if another bridge flushes."""
-        self._ensure_dir()
-        fd = os.open(self.flush_lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        if _lock(fd, blocking=False):
-            return fd
-        os.close(fd)
-        return None
-
-    @staticmethod
-    def release_flush_lock(fd: int) -> None:
-        os.close(fd)
-
-    # reading ---------------------------------------------------------------------------------
-    def _read_lines(self) -> list[tuple[str, dict[str, Any] | None]]:
-        """Every line with its parsed item (None for a line that is not an item: kept verbatim)."""
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return []
-        lines: list[tuple[str, dict[str, Any] | None]] = []
-        for line in raw.decode("utf-8", errors="surrogateescape").splitlines():
-            if not line.strip():
-                continue
-            try:
-                parsed = json.loads(line)
-            except ValueError:
-                logger.warning("bridge buffer %s: skipping a line that is not JSON (kept in the file)", self.path)
-                lines.append((line, None))
-                continue
-            lines.append((line, parsed if isinstance(parsed, dict) and "id" in parsed else None))
-        return lines
-
-    def _mine(self, lines: list[tuple[str, dict[str, Any] | None]]) -> list[dict[str, Any]]:
-        return [item for _, item in lines if item is not None and item.get("token_fingerprint") == self.fingerprint]
+    def _mine(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [item for item in items if item.get("token_fingerprint") == self.fingerprint]
 
     def pending(self) -> list[dict[str, Any]]:
         """This token's queued items, oldest first."""
-        with self._locked():
-            return self._mine(self._read_lines())
+        return self._mine(self.queue.items())
 
-    def others_pending(self) -> int:
-        """How many items in the file belong to other tokens (never touched by this bridge)."""
-        with self._locked():
-            lines = self._read_lines()
-            return len(lines) - len(self._mine(lines))
-
-    # writing ---------------------------------------------------------------------------------
     def append(self, tool: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], int]:
-        """Queue one call durably (flush + fsync before returning). Returns the item and this token's count."""
-        item = {
-            "id": str(uuid.uuid4()),
-            "tool": tool,
-            "arguments": arguments,
-            "queued_at": datetime.now(UTC).isoformat(),
-            "token_fingerprint": self.fingerprint,
-        }
-        line = (json.dumps(item, ensure_ascii=False) + "\n").encode("utf-8")
-        with self._locked():
-            created = not self.path.exists()
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
-            try:
-                size = os.fstat(fd).st_size
-                if size:
-                    os.lseek(fd, size - 1, os.SEEK_SET)
-                    if os.read(fd, 1) != b"\n":
-                        line = b"\n" + line  # a torn last line (crash mid-append) must not swallow this item
-                os.write(fd, line)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            if created:
-                _fsync_dir(self.path.parent)
-            return item, len(self._mine(self._read_lines()))
-
-    def _rewrite(self, lines: list[str]) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write("".join(line + "\n" for line in lines).encode("utf-8", errors="surrogateescape"))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        _fsync_dir(self.path.parent)
+        """Queue one call durably (fsync before returning). Returns the item and this token's count."""
+        item, items = self.queue.append({"tool": tool, "arguments": arguments, "token_fingerprint": self.fingerprint})
+        return item, len(self._mine(items))
 
     def remove(self, item_id: str) -> int:
         """Drop one acknowledged item (atomic rewrite). Returns how many of this token's remain."""
-        with self._locked():
-            lines = self._read_lines()
-            kept = [raw for raw, item in lines if item is None or item.get("id") != item_id]
-            if len(kept) != len(lines):
-                self._rewrite(kept)
-            return len(self._mine(self._read_lines()))
+        return len(self._mine(self.queue.remove({item_id})))
 
     def reject_mine(self, reason: str) -> int:
-        """Move every item of this token to the rejected file (appended and fsynced before the buffer is
-        rewritten: a crash in between leaves a copy in both, never in neither). Returns how many moved."""
-        with self._locked():
-            lines = self._read_lines()
-            mine = self._mine(lines)
-            if not mine:
-                return 0
-            now = datetime.now(UTC).isoformat()
-            records = b"".join(
-                (json.dumps({**item, "rejected_at": now, "rejected_reason": reason}, ensure_ascii=False) + "\n").encode(
-                    "utf-8", errors="surrogateescape"
-                )
-                for item in mine
-            )
-            fd = os.open(self.rejected_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            try:
-                os.write(fd, records)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            ids = {item["id"] for item in mine}
-            self._rewrite([raw for raw, item in lines if item is None or item.get("id") not in ids])
-            return len(mine)
+        """Move every item of this token to the rejected file. Returns how many moved."""
+        return self.queue.reject({item["id"] for item in self.pending()}, reason)
 
     def rejected(self) -> int:
         """How many of this token's items were set aside because the server refused the token."""
-        with self._locked():
-            try:
-                raw = self.rejected_path.read_bytes()
-            except FileNotFoundError:
-                return 0
-        count = 0
-        for line in raw.decode("utf-8", errors="surrogateescape").splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            count += isinstance(record, dict) and record.get("token_fingerprint") == self.fingerprint
-        return count
+        return len(self._mine(self.queue.rejected()))
 
     # recall from the buffer ------------------------------------------------------------------
     def search(self, query: str, limit: int, assignment: str | None) -> tuple[list[dict[str, Any]], int]:
-        """Queued `kb_memory_store` facts by word overlap with ``query``, best first; and how many were searched."""
-        wanted = _words(query)
+        """Queued `kb_memory_store` facts ranked by `rank`, best first; and how many were searched."""
         stores = [
             item
             for item in self.pending()
@@ -373,14 +222,9 @@ class BridgeBuffer:
             and isinstance(item["arguments"].get("fact"), str)
             and item["arguments"].get("assignment") == assignment
         ]
-        scored: list[tuple[float, int, dict[str, Any]]] = []
-        for position, item in enumerate(stores):
-            args = item["arguments"]
-            text = args["fact"] + " " + (args.get("topic") or "")
-            overlap = len(wanted & _words(text))
-            if overlap:
-                scored.append((overlap / len(wanted), position, item))
-        scored.sort(key=lambda s: (-s[0], -s[1]))  # best first, newest first among equals
+        ranked = rank(
+            query, [(i["arguments"]["fact"], _str_or_none(i["arguments"].get("topic")), i) for i in stores], limit
+        )
         facts = [
             {
                 "document_id": None,
@@ -394,7 +238,7 @@ class BridgeBuffer:
                 "queue_id": item["id"],
                 "queued_at": item.get("queued_at"),
             }
-            for score, _, item in scored[:limit]
+            for score, item in ranked
         ]
         return facts, len(stores)
 
@@ -411,19 +255,19 @@ class BridgeBuffer:
         return tools if isinstance(tools, list) else None
 
     def save_tools(self, tools: list[dict[str, Any]]) -> None:
-        self._ensure_dir()
+        """Replace the cache atomically (unique temporary file, fsync, rename): no lock needed."""
+        self.queue.ensure_dir()
         body = json.dumps({"saved_at": datetime.now(UTC).isoformat(), "tools": tools}, ensure_ascii=False, indent=1)
-        with self._locked():
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.tools_path.name}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    f.write(body)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, self.tools_path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.tools_path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(body)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.tools_path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 # -- results -------------------------------------------------------------------------------------------
@@ -595,8 +439,8 @@ class Bridge:
     async def _flush(self, session: ClientSession) -> int:
         """Send this token's queued items in order; stop at the first refusal. Returns how many were sent."""
         async with self._flush_lock:
-            fd = await self._local(self.buffer.try_flush_lock)
-            if fd is None:
+            claim = await self._local(self.buffer.queue.try_claim)
+            if claim is None:
                 logger.info("another bridge process is flushing %s; not flushing now", self.buffer.path)
                 return 0
             try:
@@ -628,7 +472,7 @@ class Bridge:
                 self.blocked = None
                 return sent
             finally:
-                self.buffer.release_flush_lock(fd)
+                claim.release()
 
     async def _with_flush(self, session: ClientSession, op: Callable[[ClientSession], Awaitable[T]]) -> T:
         await self._flush(session)
@@ -663,7 +507,10 @@ class Bridge:
             self._remember(tools)
             logger.info("tools/list answered from the cache (%d tools): %s", len(tools), e.reason)
         self._listed = {t.name for t in tools}
-        return [*tools, STATUS_TOOL_DEFINITION]
+        # No outputSchema: while the server is unreachable the bridge answers store and recall itself,
+        # in other shapes and as text only, and a client holding the server's schemas would reject
+        # those answers. The server's structuredContent still passes through when it answers.
+        return [*(t.model_copy(update={"outputSchema": None}) for t in tools), STATUS_TOOL_DEFINITION]
 
     async def _handle_list_tools(self, _: types.ListToolsRequest | None) -> types.ServerResult:
         self._capture_client()

@@ -1,7 +1,7 @@
 """The trusted caller of a request, carried in a context variable set by the server's auth layer.
 
 Tools never take the scope as an argument: the MCP host verifies the bearer token, then runs the
-tool inside :func:`caller_scope`; :func:`require_caller` fails closed when no scope is set.
+tool inside :func:`caller_scope`; a tool that finds no caller there refuses to run (fail closed).
 """
 
 from __future__ import annotations
@@ -63,19 +63,6 @@ def current_caller() -> Caller | None:
     return _current.get()
 
 
-def require_caller() -> Caller:
-    """The caller of the running request.
-
-    Raises:
-        ScopeError: no authenticated caller (fail closed: nothing runs without a scope).
-    """
-    caller = _current.get()
-    if caller is None:
-        msg = "no authenticated caller: memory tools run only behind the osa-memory server's bearer-token auth"
-        raise ScopeError(msg)
-    return caller
-
-
 @contextmanager
 def caller_scope(caller: Caller) -> Iterator[Caller]:
     """Run a block as ``caller`` (the server's auth layer; tests and notebooks)."""
@@ -84,8 +71,3 @@ def caller_scope(caller: Caller) -> Iterator[Caller]:
         yield caller
     finally:
         _current.reset(token)
-
-
-def scoped_caller(assignment: str | None = None) -> Caller:
-    """The authenticated caller acting on ``assignment`` (default: the token's first), if granted."""
-    return require_caller().for_assignment(assignment)

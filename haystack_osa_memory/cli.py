@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn
 
@@ -52,13 +54,20 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(1)
 
 
+@contextmanager
+def _or_fail() -> Iterator[None]:
+    """Turn our typed errors into the one-line error and exit status 1 of every command."""
+    try:
+        yield
+    except OsaMemoryError as e:
+        _fail(str(e))
+
+
 def _config(data_dir: Path | None) -> MemoryConfig:
     if data_dir is not None:
         os.environ["OSA_MEMORY_DATA_DIR"] = str(data_dir)
-    try:
+    with _or_fail():
         return MemoryConfig.from_env()
-    except OsaMemoryError as e:
-        _fail(str(e))
 
 
 def _connect(config: MemoryConfig) -> str:
@@ -140,7 +149,7 @@ def init(
     config = _config(data_dir)
     if runtime_role is not None and not runtime_role.replace("_", "a").isalnum():
         _fail(f"runtime role {runtime_role!r} is not allowed: use letters, digits and '_'")
-    try:
+    with _or_fail():
         report = ensure_schema(
             resolve_connection_string(config),
             config,
@@ -149,8 +158,6 @@ def init(
             runtime_role=runtime_role,
             lock_timeout_ms=lock_timeout,
         )
-    except OsaMemoryError as e:
-        _fail(str(e))
     if as_json:
         _emit(report.as_dict(), True)
         return
@@ -239,7 +246,7 @@ def token_create(
     from haystack_osa_memory.store.tokens import TokenStore, parse_duration
 
     config = _config(data_dir)
-    try:
+    with _or_fail():
         lifetime = parse_duration(expires_in) if expires_in else None
         issued = TokenStore(_connect(config), config).create(
             org_id=org,
@@ -248,8 +255,6 @@ def token_create(
             expires_in=lifetime,
             extra_assignments=assignment[1:],
         )
-    except OsaMemoryError as e:
-        _fail(str(e))
     data = {
         "token_id": issued.token_id,
         "token": issued.token,
@@ -280,10 +285,8 @@ def token_revoke(
     from haystack_osa_memory.store.tokens import TokenStore
 
     config = _config(data_dir)
-    try:
+    with _or_fail():
         found = TokenStore(_connect(config), config).revoke(token_id)
-    except OsaMemoryError as e:
-        _fail(str(e))
     if not found:
         _fail(f"no token with id {token_id}: list them with `osa-memory token list`")
     out.print(f"revoked {token_id}")
@@ -295,10 +298,8 @@ def token_list(data_dir: DataDir = None, as_json: JsonFlag = False) -> None:
     from haystack_osa_memory.store.tokens import TokenStore
 
     config = _config(data_dir)
-    try:
+    with _or_fail():
         rows = TokenStore(_connect(config), config).list()
-    except OsaMemoryError as e:
-        _fail(str(e))
     if as_json:
         _emit(rows, True)
         return
@@ -334,11 +335,9 @@ def store(
 ) -> None:
     """Store a fact in an assignment's memory (operator access: no token needed)."""
     config = _config(data_dir)
-    try:
+    with _or_fail():
         caller = Caller(org_id=org, assignment_id=assignment, specialist_id=specialist)
         result = _memory(config).store(fact, topic, caller=caller)
-    except OsaMemoryError as e:
-        _fail(str(e))
     if as_json:
         _emit(result, True)
     else:
@@ -356,10 +355,8 @@ def recall(
 ) -> None:
     """Recall an assignment's facts, best first."""
     config = _config(data_dir)
-    try:
+    with _or_fail():
         result = _memory(config).recall(query, limit, caller=Caller(org_id=org, assignment_id=assignment))
-    except OsaMemoryError as e:
-        _fail(str(e))
     if as_json:
         _emit(result, True)
         return
@@ -381,11 +378,9 @@ def status(data_dir: DataDir = None, as_json: JsonFlag = False) -> None:
 
     config = _config(data_dir)
     conn = _connect(config)
-    try:
+    with _or_fail():
         rls = check_schema(conn, config).row_level_security
         counts = count_facts(conn, config)
-    except OsaMemoryError as e:
-        _fail(str(e))
     data = {
         "version": __version__,
         "database": "PG_CONN_STR" if config.pg_conn_str else f"embedded ({config.data_dir})",
@@ -429,10 +424,8 @@ def review_list(
 ) -> None:
     """List proposed and flagged facts waiting for a decision."""
     config = _config(data_dir)
-    try:
+    with _or_fail():
         rows = _lifecycle(config).review_list(org, assignment)
-    except OsaMemoryError as e:
-        _fail(str(e))
     if as_json:
         _emit(rows, True)
         return
@@ -444,10 +437,8 @@ def review_list(
 
 def _review(document_id: str, accept: bool, note: str | None, data_dir: Path | None, as_json: bool) -> None:
     config = _config(data_dir)
-    try:
+    with _or_fail():
         result = _lifecycle(config).review(document_id, accept=accept, actor=_operator(), note=note)
-    except OsaMemoryError as e:
-        _fail(str(e))
     if as_json:
         _emit(result, True)
     else:
@@ -481,13 +472,11 @@ def _switch(org: str, assignment: str, enabled: bool, reason: str | None, data_d
     from haystack_osa_memory.store.lifecycle import WILDCARD
 
     config = _config(data_dir)
-    try:
+    with _or_fail():
         for value, what in ((org, "org"), (assignment, "assignment")):
             if value != WILDCARD:
                 check_identifier(value, what)
         _lifecycle(config).set_switch(org, assignment, enabled=enabled, actor=_operator(), reason=reason)
-    except OsaMemoryError as e:
-        _fail(str(e))
     scope = f"org {org}" if assignment == WILDCARD else f"assignment {assignment} (org {org})"
     out.print(f"memory {'on' if enabled else 'off'} for {scope}")
 
@@ -539,10 +528,8 @@ def audit(
 ) -> None:
     """Print the audit log: who changed what, when, on which fact."""
     config = _config(data_dir)
-    try:
+    with _or_fail():
         rows = _lifecycle(config).audit(org_id=org, assignment_id=assignment, limit=limit)
-    except OsaMemoryError as e:
-        _fail(str(e))
     if as_json:
         _emit(rows, True)
         return
@@ -578,14 +565,12 @@ def reflect(
     config = _config(data_dir)
     _connect(config)
     memory = Memory(config)
-    try:
+    with _or_fail():
         memory.warm_up()
         assert memory.lifecycle is not None
         scopes = memory.lifecycle.reflect_scopes() if all_scopes else []
         targets = [(s.org_id, s.assignment_id) for s in scopes] if all_scopes else [(str(org), str(assignment))]
         reports = [memory.reflect(caller=Caller(org_id=o, assignment_id=a, token_id=_operator())) for o, a in targets]
-    except OsaMemoryError as e:
-        _fail(str(e))
     if as_json:
         _emit(reports, True)
         return
@@ -617,11 +602,9 @@ def import_(
     if not path.exists():
         _fail(f"{path} does not exist: give a .jsonl or .csv file, or a folder of .md notes")
     config = _config(data_dir)
-    try:
+    with _or_fail():
         caller = Caller(org_id=org, assignment_id=assignment, token_id=_operator())
         parsed = list(read_items(path))
-    except OsaMemoryError as e:
-        _fail(str(e))
     items = [i for i in parsed if isinstance(i, ImportItem)]
     invalid = [f"{origin}: {reason}" for origin, reason in (i for i in parsed if not isinstance(i, ImportItem))]
     memory = _memory(config)
@@ -661,11 +644,9 @@ def export(
     from haystack_osa_memory.transfer import export_line
 
     config = _config(data_dir)
-    try:
+    with _or_fail():
         caller = Caller(org_id=org, assignment_id=assignment, token_id=_operator())
         lines = [export_line(fact) for fact in _memory(config).export(caller=caller)]
-    except OsaMemoryError as e:
-        _fail(str(e))
     text = "".join(line + "\n" for line in lines)
     if output is None:
         sys.stdout.write(text)

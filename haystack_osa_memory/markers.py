@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from typing import NamedTuple
 
 from haystack_osa_memory.errors import InvalidInputError
 
@@ -72,3 +73,18 @@ def document_id(org_id: str, dataset: str, hash_hex: str) -> str:
     """Deterministic document id from org, dataset and content hash (64 hex characters)."""
     raw = "\x1f".join((org_id, dataset, hash_hex)).encode("utf-8")
     return hashlib.sha256(raw).hexdigest()
+
+
+class MarkedFact(NamedTuple):
+    """A fact as it is stored in one scope: the bytes (marker line first), their hash, the document id."""
+
+    content: str
+    content_hash: str
+    document_id: str
+
+
+def marked_fact(text: str, org_id: str, assignment_id: str, dataset: str) -> MarkedFact:
+    """What `ScopeMarkerWriter` stores for ``text`` in a scope; the one place a fact's id is derived."""
+    stored = add_marker(text, assignment_id)
+    digest = content_hash(stored)
+    return MarkedFact(stored, digest, document_id(org_id, dataset, digest))

@@ -13,18 +13,18 @@ from haystack import Document, Pipeline
 from haystack.core.errors import PipelineRuntimeError
 from haystack.utils import Secret
 
-from haystack_osa_memory.buffer import OfflineBuffer
 from haystack_osa_memory.caller import Caller
 from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.database import classify, resolve_connection_string
 from haystack_osa_memory.embedders import build_embedders
 from haystack_osa_memory.errors import DatabaseError, InvalidInputError, MemoryOffError, NotFoundError, OsaMemoryError
-from haystack_osa_memory.markers import add_marker, content_hash, document_id
+from haystack_osa_memory.markers import marked_fact
+from haystack_osa_memory.offline import OfflineBuffer
 from haystack_osa_memory.pipelines import build_customer_search_pipeline, build_recall_pipeline, build_store_pipeline
 from haystack_osa_memory.redaction import CLASSES as REDACTION_CLASSES
 from haystack_osa_memory.redaction import redact
 from haystack_osa_memory.redaction_gate import redact_field, secret_classes
-from haystack_osa_memory.reflect import OBSERVATION, ReflectReport, ReflectSettings, group_facts, observation_text
+from haystack_osa_memory.reflect import ReflectReport, ReflectSettings, consolidate_scope
 from haystack_osa_memory.store.facts import FACT_SOURCE
 from haystack_osa_memory.store.lifecycle import (
     LISTABLE_STATUSES,
@@ -33,8 +33,9 @@ from haystack_osa_memory.store.lifecycle import (
     Scope,
     count_scope_statement,
 )
+from haystack_osa_memory.store.memory_store import MemoryStore
 from haystack_osa_memory.store.schema import InitReport, SchemaState, ensure_schema, prepare_schema
-from haystack_osa_memory.transfer import ImportItem, ImportReport
+from haystack_osa_memory.transfer import ImportItem, ImportReport, import_facts
 from haystack_osa_memory.validation import (
     KINDS,
     NOTE_MAX,
@@ -84,11 +85,6 @@ def _scope_params(caller: Caller) -> dict[str, Any]:
 
 def _not_found(document_id: str) -> str:
     return f"no fact {document_id} in this assignment"
-
-
-def _in_scope(items: list[dict[str, Any]], caller: Caller) -> list[dict[str, Any]]:
-    """Buffered items of the caller's org and assignment only."""
-    return [i for i in items if i.get("org_id") == caller.org_id and i.get("assignment_id") == caller.assignment_id]
 
 
 _CONNECTION_DETAIL = re.compile(r"connection to server|socket|host=|\bport\b|\buser\b", re.IGNORECASE)
@@ -154,8 +150,9 @@ class Memory:
         self.store_pipeline: Pipeline | None = None
         self.recall_pipeline: Pipeline | None = None
         self.lifecycle: LifecycleRepository | None = None
-        self.buffer = OfflineBuffer(self.config.offline_buffer_path)
-        self._flushing = threading.Lock()
+        #: The knowledge base, once warmed up: the one object that owns the connection and the SQL.
+        self.kb: MemoryStore | None = None
+        self.offline = OfflineBuffer(self.config.offline_buffer_path, self.config.dataset)
         self._lock = threading.Lock()
 
     @property
@@ -173,12 +170,12 @@ class Memory:
                 self.init_report = ensure_schema(self.conn_str, self.config)
             self.schema, report = prepare_schema(self.conn_str, self.config)
             self.init_report = self.init_report or report
-            secret = Secret.from_token(self.conn_str)
-            store = build_store_pipeline(self.config, self.document_embedder, connection_string=secret)
-            recall = build_recall_pipeline(self.config, self.text_embedder, connection_string=secret)
+            self.kb = MemoryStore.from_config(self.config, Secret.from_token(self.conn_str))
+            store = build_store_pipeline(self.config, self.document_embedder, store=self.kb)
+            recall = build_recall_pipeline(self.config, self.text_embedder, store=self.kb)
             store.warm_up()
             recall.warm_up()
-            self.lifecycle = LifecycleRepository(self.conn_str, self.config)
+            self.lifecycle = self.kb.lifecycle
             self.store_pipeline, self.recall_pipeline = store, recall
 
     # -- guards --------------------------------------------------------------------------------
@@ -269,131 +266,29 @@ class Memory:
         result = redact(text, enabled_classes=classes)
         return result.text, result.total
 
-    # -- offline buffer ------------------------------------------------------------------------
+    # -- offline buffer (haystack_osa_memory.offline) ------------------------------------------
     def _queue(self, text: str, meta: dict[str, Any], caller: Caller, error: BaseException) -> dict[str, Any]:
-        """Keep a fact in the durable local buffer while the database is unreachable (redacted first)."""
+        """Hold a fact (redacted first) while the database is unreachable."""
         redacted, redactions = self._redact_short(text)
-        text = redacted or text
-        pending = self.buffer.append(
-            {
-                "org_id": caller.org_id,
-                "assignment_id": caller.assignment_id,
-                "specialist_id": caller.specialist_id,
-                "token_id": caller.token_id,
-                "fact": text,
-                "meta": meta,
-            }
-        )
-        logger.warning("database unreachable (%s); fact queued in the offline buffer (%d pending)", error, pending)
-        # The caller sees neither the connection error (socket path, host) nor other scopes' items.
-        return {
-            "stored": False,
-            "queued": True,
-            "reason": "the database is unreachable; the fact waits in the local buffer "
-            "and is stored when the database answers again",
-            "pending": len(_in_scope(self.buffer.items(), caller)),
-            "redactions": redactions,
-            "assignment_id": caller.assignment_id,
-            "document_id": self._would_be_id(text, caller),
-        }
-
-    def _would_be_id(self, text: str, caller: Caller) -> str:
-        return document_id(caller.org_id, self.config.dataset, content_hash(add_marker(text, caller.assignment_id)))
+        return self.offline.hold(redacted or text, meta, caller, redactions=redactions, error=error)
 
     def flush(self) -> int:
-        """Store the buffered facts in order, each in its own scope; stop at the first refusal.
-
-        An item queued under a token is stored only if that token is still active now: the server may
-        have accepted it from its verification cache during the outage, after the token was revoked.
-        Items of a revoked or expired token move to the rejected file next to the buffer (counted by
-        `status`), never into the knowledge base. Items queued without a token are stored as before.
-        Called automatically by the first successful database call. Returns how many were stored.
-        """
+        """Store the facts held while the database was unreachable (`OfflineBuffer.replay`): in order,
+        each in its own scope, only while its token is still active. Called automatically by the first
+        successful database call. Returns how many were stored."""
         from haystack_osa_memory.store.tokens import TokenStore
 
-        if not self.buffer.path.exists() or not self._flushing.acquire(blocking=False):
+        if not self.offline.queue.path.exists():
             return 0
-        flushed = 0
-        try:
-            assert self.lifecycle is not None
-            assert self.conn_str is not None
-            tokens = TokenStore(self.conn_str, self.config)
-            for item in self.buffer.items():
-                caller = Caller(
-                    org_id=item["org_id"],
-                    assignment_id=item["assignment_id"],
-                    specialist_id=item.get("specialist_id"),
-                    token_id=item.get("token_id"),
-                )
-                try:
-                    if caller.token_id is not None and not tokens.is_active(caller.token_id):
-                        self.buffer.reject_first(item["id"], "token revoked or expired before the replay")
-                        # Identifiers only: the fact text never goes to the log.
-                        logger.warning(
-                            "offline buffer: item %s of %s/%s refused at replay: token %s is revoked or expired; "
-                            "kept aside in %s, not stored",
-                            item["id"],
-                            caller.org_id,
-                            caller.assignment_id,
-                            caller.token_id,
-                            self.buffer.rejected_path,
-                        )
-                        continue
-                    if not self.config.enabled or self.lifecycle.is_off(caller.org_id, caller.assignment_id):
-                        logger.warning(
-                            "offline buffer: memory is off for %s; %d items kept",
-                            caller.assignment_id,
-                            len(self.buffer),
-                        )
-                        break
-                    self._write(
-                        [Document(content=item["fact"], meta=item.get("meta") or {})], caller, action="store-replay"
-                    )
-                except OsaMemoryError as e:
-                    logger.warning("offline buffer: flush stopped at item %s: %s", item["id"], e)
-                    break
-                self.buffer.pop_first(item["id"])
-                flushed += 1
-        finally:
-            self._flushing.release()
-        if flushed:
-            logger.info("offline buffer: stored %d buffered facts", flushed)
-        return flushed
-
-    def _recall_from_buffer(self, query: str, limit: int, caller: Caller, error: BaseException) -> dict[str, Any]:
-        """Degraded recall: word overlap over the caller's own buffered facts."""
-        wanted = set(normalise(query).split())
-        mine = [
-            i
-            for i in self.buffer.items()
-            if i.get("org_id") == caller.org_id and i.get("assignment_id") == caller.assignment_id
-        ]
-        scored = []
-        for item in mine:
-            words = set(normalise(item["fact"]).split())
-            overlap = len(wanted & words) / max(len(wanted), 1)
-            if overlap > 0:
-                scored.append((overlap, item))
-        scored.sort(key=lambda pair: -pair[0])
-        facts = [
-            {
-                "document_id": self._would_be_id(item["fact"], caller),
-                "content": item["fact"],
-                "topic": (item.get("meta") or {}).get("topic"),
-                "score": round(score, 6),
-                "stored_at": item.get("queued_at"),
-                "kind": (item.get("meta") or {}).get("kind", "fact"),
-                "stale": False,
-            }
-            for score, item in scored[:limit]
-        ]
-        return {
-            "assignment_id": caller.assignment_id,
-            "facts": facts,
-            # Not the connection error itself: it names the socket path or host (logged instead).
-            "degraded": f"the database is unreachable; answered from {len(mine)} buffered facts "
-            "of this assignment only",
-        }
+        lifecycle = self.lifecycle
+        assert lifecycle is not None
+        assert self.conn_str is not None
+        tokens = TokenStore(self.conn_str, self.config)
+        return self.offline.replay(
+            lambda doc, caller: self._write([doc], caller, action="store-replay"),
+            is_off=lambda caller: not self.config.enabled or lifecycle.is_off(caller.org_id, caller.assignment_id),
+            token_active=tokens.is_active,
+        )
 
     def propose(
         self,
@@ -522,7 +417,7 @@ class Memory:
         except DatabaseError as e:
             if classify(e) != "unreachable":
                 raise
-            return self._recall_from_buffer(query, limit, caller, e)
+            return self.offline.recall(query, limit, caller)
 
     def _recall(self, query: str, limit: int, caller: Caller) -> dict[str, Any]:
         self._lifecycle(caller)
@@ -564,33 +459,21 @@ class Memory:
         """
         lifecycle = self._lifecycle(caller)
         scope = Scope(caller.org_id, caller.assignment_id)
-        facts = lifecycle.reflect_candidates(scope)
-        for fact in facts:
-            if fact["metadata"].get("kind") == OBSERVATION:
-                fact["content"] = fact["content"].rsplit("\n(consolidated from ", 1)[0]
-        report = ReflectReport(caller.org_id, caller.assignment_id)
-        for group in group_facts(facts, settings or ReflectSettings()):
-            members = [facts[i] for i in group]
-            observations = [m for m in members if m["metadata"].get("kind") == OBSERVATION]
-            raws = [m for m in members if m["metadata"].get("kind") != OBSERVATION]
-            if not raws:
-                continue
-            report.groups += 1
-            raw_ids = [r["document_id"] for r in raws]
-            if observations:
-                observation_id = observations[0]["document_id"]
-                evidence = list(dict.fromkeys([*observations[0]["metadata"].get("evidence", []), *raw_ids]))
-                report.updated.append(observation_id)
-            else:
-                meta: dict[str, Any] = {"kind": OBSERVATION}
-                topic = next((r["metadata"]["topic"] for r in raws if r["metadata"].get("topic")), None)
-                if topic is not None:
-                    meta["topic"] = topic
-                text = observation_text(raws, summariser)
-                (observation_id,), _ = self._write([Document(content=text, meta=meta)], caller, action="reflect")
-                evidence = raw_ids
-                report.created.append(observation_id)
-            report.consolidated += lifecycle.consolidate(scope, observation_id, evidence, raw_ids, actor=caller.run_id)
+
+        def write_observation(text: str, meta: dict[str, Any]) -> str:
+            (observation_id,), _ = self._write([Document(content=text, meta=meta)], caller, action="reflect")
+            return observation_id
+
+        report = consolidate_scope(
+            ReflectReport(caller.org_id, caller.assignment_id),
+            lifecycle.reflect_candidates(scope),
+            settings=settings or ReflectSettings(),
+            summariser=summariser,
+            write_observation=write_observation,
+            consolidate=lambda observation_id, evidence, raw_ids: lifecycle.consolidate(
+                scope, observation_id, evidence, raw_ids, actor=caller.run_id
+            ),
+        )
         return report.as_dict()
 
     def import_items(
@@ -606,40 +489,23 @@ class Memory:
         Idempotent and resumable: re-running an import stores nothing new.
         """
         lifecycle = self._lifecycle(caller)
-        report = ImportReport()
-        batch: list[ImportItem] = []
+        assert self.store_pipeline is not None
+        redactor = self.store_pipeline.get_component("redact")
 
-        def flush_batch() -> None:
-            # ids of what will be stored: the redacted text (the pipeline redacts the same way)
-            ids = {self._would_be_id(self._redact_short(item.fact)[0] or item.fact, caller): item for item in batch}
-            existing = lifecycle.live_ids(list(ids))
-            report.skipped_existing += len(existing)
-            fresh = [item for doc_id, item in ids.items() if doc_id not in existing]
-            for status in dict.fromkeys(item.status for item in fresh):
-                docs = []
-                for item in (i for i in fresh if i.status == status):
-                    meta: dict[str, Any] = {"kind": item.kind}
-                    if item.topic is not None:  # kept in metadata and the title: redacted as in `store`
-                        meta["topic"], topic_redactions = self._redact_short(item.topic)
-                        report.redactions += topic_redactions
-                    if item.expires_at is not None:
-                        meta["expires_at"] = item.expires_at
-                    docs.append(Document(content=item.fact, meta=meta))
-                written, redactions = self._write(docs, caller, status=status, action="import")
-                report.stored += len(written)
-                report.redactions += redactions
-            if on_batch is not None:
-                on_batch(len(batch))
-            batch.clear()
+        def redact_batch(docs: list[Document]) -> tuple[list[Document], int]:
+            out = redactor.run(documents=docs)
+            return list(out["documents"]), int(out["redactions"])
 
-        for item in items:
-            report.read += 1
-            batch.append(item)
-            if len(batch) >= batch_size:
-                flush_batch()
-        if batch:
-            flush_batch()
-        return report
+        return import_facts(
+            items,
+            redact=redact_batch,
+            redact_topic=self._redact_short,
+            document_id=lambda text: marked_fact(text, caller.org_id, caller.assignment_id, self.config.dataset)[2],
+            live_ids=lifecycle.live_ids,
+            write=lambda docs, status: self._write(docs, caller, status=status, action="import"),
+            batch_size=batch_size,
+            on_batch=on_batch,
+        )
 
     def export(self, *, caller: Caller) -> Iterator[dict[str, Any]]:
         """Every live fact of the caller's scope, oldest first (see `transfer.export_line`)."""
@@ -667,32 +533,29 @@ class Memory:
             embedder = {"state": "ready" if ready else "unavailable", "mode": "hybrid" if ready else "lexical"}
         if detail is not None:
             logger.info("status probe: database %s: %s", state, detail)
-        buffered = self.buffer.items() if self.buffer.path.exists() else []
-        rejected = self.buffer.rejected() if self.buffer.rejected_path.exists() else []
+        pending, rejected = self.offline.counts(caller)
         # Only the caller's scope is counted, and the probe's detail is shown without connection details.
         return {
             "version": __version__,
             "database": state,
             "database_detail": _public_detail(state, detail),
-            "pending": len(_in_scope(buffered, caller)),
-            "rejected": len(_in_scope(rejected, caller)),
+            "pending": pending,
+            "rejected": rejected,
             "embedder": embedder,
             "scope": {"org_id": caller.org_id, "assignment_id": caller.assignment_id},
             "facts": facts,
         }
 
     def pending(self) -> int:
-        """Facts waiting in the offline buffer."""
-        return len(self.buffer) if self.buffer.path.exists() else 0
+        """Facts waiting in the offline buffer (every scope)."""
+        return self.offline.counts()[0]
 
     def customer_search(self, query: str, *, org_id: str, top_k: int = 10) -> list[Document]:
         """Customer-facing search over the same knowledge base; never returns a fact."""
         query = check_query(query)
         self.warm_up()
         assert self.conn_str is not None
-        pipe = build_customer_search_pipeline(
-            self.config, top_k=top_k, connection_string=Secret.from_token(self.conn_str)
-        )
+        pipe = build_customer_search_pipeline(self.config, top_k=top_k, store=self.kb)
         result = _run(pipe, {"retriever": {"query": query}, "acl": {"org_id": org_id}})
         return list(result["acl"]["documents"])
 

@@ -1,8 +1,9 @@
 """The only place components are connected: indexing (store), recall and customer search pipelines.
 
-Components read the connection string from the `PG_CONN_STR` environment variable unless a
-``connection_string`` secret is given (`Memory` passes the one it resolved, so a `MemoryConfig` with
-its own `pg_conn_str` is honoured even when `PG_CONN_STR` points elsewhere).
+Each component takes a `MemoryStore` built from the config; its connection string is the
+``PG_CONN_STR`` secret unless a ``connection_string`` secret is given (`Memory` passes the one it
+resolved, so a `MemoryConfig` with its own `pg_conn_str` is honoured even when `PG_CONN_STR` points
+elsewhere).
 """
 
 from __future__ import annotations
@@ -24,20 +25,14 @@ from haystack_osa_memory.components import (
 from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.redaction import CLASSES as REDACTION_CLASSES
 from haystack_osa_memory.store.facts import FACT_AUDIENCE
+from haystack_osa_memory.store.memory_store import MemoryStore
 
 #: Module patterns to pass to `Pipeline.loads(..., allowed_modules=...)` for our YAML pipelines.
 ALLOWED_MODULES = ["haystack_osa_memory.*"]
 
 
-def _kb(config: MemoryConfig, connection_string: Secret | None = None) -> dict[str, Any]:
-    return {
-        "connection_string": connection_string or Secret.from_env_var("PG_CONN_STR"),
-        "kb_schema": config.kb_schema,
-        "governing_table": config.governing_table,
-        "chunk_table": config.chunk_table,
-        "embedding_dimension": config.embedding_dimension,
-        "language": config.language,
-    }
+def _store(config: MemoryConfig, connection_string: Secret | None, store: MemoryStore | None = None) -> MemoryStore:
+    return store or MemoryStore.from_config(config, connection_string or Secret.from_env_var("PG_CONN_STR"))
 
 
 def build_store_pipeline(
@@ -45,6 +40,7 @@ def build_store_pipeline(
     document_embedder: Any | None = None,
     *,
     connection_string: Secret | None = None,
+    store: MemoryStore | None = None,
 ) -> Pipeline:
     """Indexing: PrivacyRedactor -> [document embedder on the plain fact] -> ScopeMarkerWriter -> GovernedFactWriter.
 
@@ -57,7 +53,7 @@ def build_store_pipeline(
     if document_embedder is not None:
         pipe.add_component("embed", document_embedder)
     pipe.add_component("mark", ScopeMarkerWriter(dataset=cfg.dataset, status=cfg.admitted_statuses[0]))
-    pipe.add_component("write", GovernedFactWriter(memory_schema=cfg.memory_schema, **_kb(cfg, connection_string)))
+    pipe.add_component("write", GovernedFactWriter(store=_store(cfg, connection_string, store)))
     if document_embedder is not None:
         pipe.connect("redact.documents", "embed.documents")
         pipe.connect("embed.documents", "mark.documents")
@@ -75,6 +71,7 @@ def build_recall_pipeline(
     top_k: int = 8,
     retriever_params: dict[str, Any] | None = None,
     connection_string: Secret | None = None,
+    store: MemoryStore | None = None,
 ) -> Pipeline:
     """Recall: [guarded text embedder] -> ScopedMemoryRetriever -> GoverningRowAclFilter -> ScopeMarkerStripper.
 
@@ -96,13 +93,15 @@ def build_recall_pipeline(
             top_k=top_k,
             admitted_statuses=list(cfg.admitted_statuses),
             **(retriever_params or {}),
-            **_kb(cfg, connection_string),
+            store=_store(cfg, connection_string, store),
         ),
     )
     pipe.add_component(
         "acl",
         GoverningRowAclFilter(
-            audiences=[FACT_AUDIENCE], admitted_statuses=list(cfg.admitted_statuses), **_kb(cfg, connection_string)
+            audiences=[FACT_AUDIENCE],
+            admitted_statuses=list(cfg.admitted_statuses),
+            store=_store(cfg, connection_string, store),
         ),
     )
     pipe.add_component("strip", ScopeMarkerStripper())
@@ -114,7 +113,11 @@ def build_recall_pipeline(
 
 
 def build_customer_search_pipeline(
-    config: MemoryConfig | None = None, *, top_k: int = 10, connection_string: Secret | None = None
+    config: MemoryConfig | None = None,
+    *,
+    top_k: int = 10,
+    connection_string: Secret | None = None,
+    store: MemoryStore | None = None,
 ) -> Pipeline:
     """Customer-facing search: pgvector-haystack keyword retriever -> GoverningRowAclFilter(customer).
 
@@ -125,8 +128,9 @@ def build_customer_search_pipeline(
     from haystack_integrations.document_stores.pgvector import PgvectorDocumentStore
 
     cfg = config or MemoryConfig()
-    store = PgvectorDocumentStore(
-        connection_string=connection_string or Secret.from_env_var("PG_CONN_STR"),
+    kb = _store(cfg, connection_string, store)
+    documents = PgvectorDocumentStore(
+        connection_string=kb.connection_string,
         schema_name=cfg.kb_schema,
         table_name=cfg.chunk_table,
         embedding_dimension=cfg.embedding_dimension,
@@ -135,7 +139,7 @@ def build_customer_search_pipeline(
         hnsw_index_name=f"{cfg.chunk_table}_hnsw_index",
     )
     pipe = Pipeline()
-    pipe.add_component("retriever", PgvectorKeywordRetriever(document_store=store, top_k=top_k))
-    pipe.add_component("acl", GoverningRowAclFilter(audiences=["customer"], **_kb(cfg, connection_string)))
+    pipe.add_component("retriever", PgvectorKeywordRetriever(document_store=documents, top_k=top_k))
+    pipe.add_component("acl", GoverningRowAclFilter(audiences=["customer"], store=kb))
     pipe.connect("retriever.documents", "acl.documents")
     return pipe

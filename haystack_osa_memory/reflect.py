@@ -18,6 +18,7 @@ from typing import Any
 from haystack_osa_memory.validation import FACT_MAX, normalise
 
 OBSERVATION = "observation"
+_EVIDENCE_SUFFIX = "\n(consolidated from "
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,56 @@ def observation_text(members: list[dict[str, Any]], summarise: Callable[[list[st
         body = summarise(texts).strip()
     else:
         body = max(texts, key=lambda t: (len(set(normalise(t).split())), len(t), t))
-    suffix = f"\n(consolidated from {len(members)} facts)"
+    suffix = f"{_EVIDENCE_SUFFIX}{len(members)} facts)"
     return body[: FACT_MAX - len(suffix)] + suffix
+
+
+def observation_body(text: str) -> str:
+    """An observation's text without the evidence count `observation_text` appends (what is compared
+    when the observation is grouped again)."""
+    return text.rsplit(_EVIDENCE_SUFFIX, 1)[0]
+
+
+def consolidate_scope(
+    report: ReflectReport,
+    facts: list[dict[str, Any]],
+    *,
+    settings: ReflectSettings,
+    summariser: Callable[[list[str]], str] | None,
+    write_observation: Callable[[str, dict[str, Any]], str],
+    consolidate: Callable[[str, list[str], list[str]], int],
+) -> ReflectReport:
+    """One reflect pass over a scope's ``facts`` (`LifecycleRepository.reflect_candidates`).
+
+    Each group of raw facts joins the group's existing observation, or becomes a new one through
+    ``write_observation(text, meta) -> id``; ``consolidate(observation_id, evidence, raw_ids)`` links the
+    evidence and takes the raw facts out of recall. Returns ``report``, filled in.
+    """
+    for fact in facts:
+        if fact["metadata"].get("kind") == OBSERVATION:
+            fact["content"] = observation_body(fact["content"])
+    for group in group_facts(facts, settings):
+        members = [facts[i] for i in group]
+        observations = [m for m in members if m["metadata"].get("kind") == OBSERVATION]
+        raws = [m for m in members if m["metadata"].get("kind") != OBSERVATION]
+        if not raws:
+            continue
+        report.groups += 1
+        raw_ids = [r["document_id"] for r in raws]
+        if observations:
+            observation_id = observations[0]["document_id"]
+            evidence = list(dict.fromkeys([*observations[0]["metadata"].get("evidence", []), *raw_ids]))
+            report.updated.append(observation_id)
+        else:
+            meta: dict[str, Any] = {"kind": OBSERVATION}
+            topic = next((r["metadata"]["topic"] for r in raws if r["metadata"].get("topic")), None)
+            if topic is not None:
+                meta["topic"] = topic
+            observation_id = write_observation(observation_text(raws, summariser), meta)
+            evidence = raw_ids
+            report.created.append(observation_id)
+        report.consolidated += consolidate(observation_id, evidence, raw_ids)
+    return report
 
 
 def chat_summariser(generator: Any) -> Callable[[list[str]], str]:

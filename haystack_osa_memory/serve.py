@@ -209,10 +209,16 @@ class BearerAuthMiddleware:
 
 
 def _lock_down(server: Any, registry: Any) -> list[str]:
-    """Replace Hayhooks' list/call handlers so that only our pipeline tools exist."""
+    """Replace Hayhooks' list/call handlers so that only our pipeline tools exist.
+
+    A tool declared in `tools.SPECS` also publishes its result model as `outputSchema`, and its results
+    carry `structuredContent` (MCP 2025-06-18) beside the same JSON as text, for clients that predate it.
+    """
     from hayhooks.server.utils.mcp_utils import run_pipeline_as_tool
     from mcp.types import TextContent, Tool
     from pydantic import ValidationError
+
+    from haystack_osa_memory.tools import SPECS
 
     tools: dict[str, Tool] = {}
     models: dict[str, Any] = {}
@@ -223,7 +229,11 @@ def _lock_down(server: Any, registry: Any) -> list[str]:
             continue
         schema = model.model_json_schema()
         schema["additionalProperties"] = False
-        tools[name] = Tool(name=name, description=metadata.get("description", ""), inputSchema=schema)
+        spec = SPECS.get(name)
+        output = spec.Result.model_json_schema() if spec is not None else None
+        tools[name] = Tool(
+            name=name, description=metadata.get("description", ""), inputSchema=schema, outputSchema=output
+        )
         models[name] = model
 
     @server.list_tools()  # type: ignore[untyped-decorator]
@@ -231,7 +241,9 @@ def _lock_down(server: Any, registry: Any) -> list[str]:
         return list(tools.values())
 
     @server.call_tool(validate_input=False)  # type: ignore[untyped-decorator]
-    async def call_tool(name: str, arguments: dict[str, Any] | None) -> list[TextContent]:
+    async def call_tool(
+        name: str, arguments: dict[str, Any] | None
+    ) -> list[TextContent] | tuple[list[TextContent], dict[str, Any]]:
         if name not in tools:
             msg = f"Unknown tool '{name}'. Available tools: {sorted(tools)}"
             raise InvalidInputError(msg)
@@ -258,7 +270,19 @@ def _lock_down(server: Any, registry: Any) -> list[str]:
             logger.exception("tool %s failed", name)
             msg = f"{name} failed with an internal error ({type(e).__name__}); see the server log"
             raise RuntimeError(msg) from None
-        return result
+        if tools[name].outputSchema is None:
+            return result
+        # Hayhooks sent the tool's dict as JSON text: the same object is the structured content, which the
+        # MCP SDK validates against the tool's outputSchema before answering.
+        try:
+            structured = json.loads(result[0].text) if len(result) == 1 else None
+        except ValueError:
+            structured = None
+        if not isinstance(structured, dict):
+            logger.error("tool %s returned no JSON object", name)
+            msg = f"{name} failed with an internal error (no structured result); see the server log"
+            raise RuntimeError(msg)
+        return result, structured
 
     return sorted(tools)
 

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from haystack import Document
+
 from haystack_osa_memory.errors import InvalidInputError
+from haystack_osa_memory.tools import LISTABLE_STATUSES
 from haystack_osa_memory.validation import FACT_MAX, KINDS, TOPIC_MAX, check_choice, check_fact, check_topic
 
-IMPORTABLE_STATUSES = ("approved", "proposed", "flagged", "rejected")
+IMPORTABLE_STATUSES = LISTABLE_STATUSES
 
 
 @dataclass(frozen=True)
@@ -137,3 +140,58 @@ def export_line(fact: dict[str, Any]) -> str:
     """One JSONL line of an exported fact (what `read_items` reads back)."""
     keep = ("fact", "topic", "kind", "status", "expires_at", "document_id", "created_at")
     return json.dumps({k: fact.get(k) for k in keep}, ensure_ascii=False, default=str)
+
+
+def import_facts(
+    items: Iterable[ImportItem],
+    *,
+    redact: Callable[[list[Document]], tuple[list[Document], int]],
+    redact_topic: Callable[[str], tuple[str | None, int]],
+    document_id: Callable[[str], str],
+    live_ids: Callable[[list[str]], set[str]],
+    write: Callable[[list[Document], str], tuple[list[str], int]],
+    batch_size: int = 64,
+    on_batch: Callable[[int], None] | None = None,
+) -> ImportReport:
+    """Store ``items`` in batches, skipping those already stored (same bytes, same scope).
+
+    Each batch is redacted first by ``redact`` (the store pipeline's own redactor), so the ids checked
+    against ``live_ids`` are those of what would be stored; ``write`` then stores the rest by status.
+    Idempotent and resumable: running it again stores nothing new.
+    """
+    report = ImportReport()
+    batch: list[ImportItem] = []
+
+    def flush_batch() -> None:
+        redacted, redactions = redact([Document(content=item.fact) for item in batch])
+        report.redactions += redactions
+        ids = {
+            document_id(doc.content or ""): (item, doc.content or "") for item, doc in zip(batch, redacted, strict=True)
+        }
+        existing = live_ids(list(ids))
+        report.skipped_existing += len(existing)
+        fresh = [pair for doc_id, pair in ids.items() if doc_id not in existing]
+        for status in dict.fromkeys(item.status for item, _ in fresh):
+            docs = []
+            for item, text in ((i, t) for i, t in fresh if i.status == status):
+                meta: dict[str, Any] = {"kind": item.kind}
+                if item.topic is not None:  # kept in metadata and the title: redacted as in `store`
+                    meta["topic"], topic_redactions = redact_topic(item.topic)
+                    report.redactions += topic_redactions
+                if item.expires_at is not None:
+                    meta["expires_at"] = item.expires_at
+                docs.append(Document(content=text, meta=meta))
+            written, _ = write(docs, status)
+            report.stored += len(written)
+        if on_batch is not None:
+            on_batch(len(batch))
+        batch.clear()
+
+    for item in items:
+        report.read += 1
+        batch.append(item)
+        if len(batch) >= batch_size:
+            flush_batch()
+    if batch:
+        flush_batch()
+    return report

@@ -5,14 +5,29 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable
 
+from haystack_osa_memory import tools
 from haystack_osa_memory.errors import InvalidInputError
 from haystack_osa_memory.markers import MARKER_LOOKALIKE
 from haystack_osa_memory.redaction import PLACEHOLDER_PATTERN
 
-FACT_MAX = 2000
-TOPIC_MAX = 120
-QUERY_MAX = 1000
-LIMIT_MIN, LIMIT_MAX = 1, 20
+# The limits and choices are the tools' contract, declared once in `tools.py`.
+DOCUMENT_ID_LENGTH = tools.DOCUMENT_ID_LENGTH
+FACT_MAX = tools.FACT_MAX
+KINDS = tools.KINDS
+LIMIT_MAX = tools.LIMIT_MAX
+LIMIT_MIN = tools.LIMIT_MIN
+NOTE_MAX = tools.NOTE_MAX
+PATH_MAX = tools.PATH_MAX
+PATHS_MAX = tools.PATHS_MAX
+PERSONA_MAX = tools.PERSONA_MAX
+PERSONAS_MAX = tools.PERSONAS_MAX
+QUERY_MAX = tools.QUERY_MAX
+REASON_MAX = tools.REASON_MAX
+TITLE_MAX = tools.TITLE_MAX
+TOPIC_MAX = tools.TOPIC_MAX
+TTL_DAYS_MAX = tools.TTL_DAYS_MAX
+VERDICTS = tools.VERDICTS
+
 
 # Characters that show nothing on their own: separators and spaces (Z*), controls (Cc), format
 # characters such as U+200B, U+2060, U+FEFF, soft hyphens and tag characters (Cf), surrogates (Cs),
@@ -76,7 +91,7 @@ def check_text(value: object, what: str, *, min_len: int, max_len: int, length: 
 
 
 def check_fact(fact: object, *, redacted: bool = False) -> str:
-    """A fact: 1..2000 characters, and no scope-marker look-alike (scope comes from the caller only).
+    """A fact: 1..``FACT_MAX`` characters, and no scope-marker look-alike (scope comes from the caller only).
 
     With ``redacted``, ``fact`` is the output of the privacy redactor and its length is counted as
     :func:`length_before_redaction` (the caller's fact was checked before it was redacted).
@@ -90,7 +105,7 @@ def check_fact(fact: object, *, redacted: bool = False) -> str:
 
 
 def check_topic(topic: object, *, redacted: bool = False) -> str | None:
-    """An optional topic: ``None`` or 1..120 characters (counted as in :func:`check_fact` when ``redacted``)."""
+    """An optional topic: ``None`` or 1..``TOPIC_MAX`` characters (counted as in :func:`check_fact` if ``redacted``)."""
     if topic is None:
         return None
     length = length_before_redaction if redacted else len
@@ -98,26 +113,16 @@ def check_topic(topic: object, *, redacted: bool = False) -> str | None:
 
 
 def check_query(query: object) -> str:
-    """A recall query: 1..1000 characters."""
+    """A recall query: 1..``QUERY_MAX`` characters."""
     return check_text(query, "query", min_len=1, max_len=QUERY_MAX)
 
 
 def check_limit(limit: object) -> int:
-    """A recall limit: an integer from 1 to 20."""
+    """A recall limit: an integer from ``LIMIT_MIN`` to ``LIMIT_MAX``."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not LIMIT_MIN <= limit <= LIMIT_MAX:
         msg = f"limit must be an integer from {LIMIT_MIN} to {LIMIT_MAX}, got {limit!r}"
         raise InvalidInputError(msg)
     return limit
-
-
-KINDS = ("fact", "procedure", "pitfall", "preference", "reference")
-VERDICTS = ("confirm", "flag")
-TITLE_MAX = 120
-NOTE_MAX = 500
-REASON_MAX = 500
-PATH_MAX, PATHS_MAX = 300, 20
-PERSONA_MAX, PERSONAS_MAX = 60, 10
-TTL_DAYS_MAX = 3650
 
 
 def check_choice(value: object, what: str, allowed: tuple[str, ...]) -> str:
@@ -130,8 +135,9 @@ def check_choice(value: object, what: str, allowed: tuple[str, ...]) -> str:
 
 def check_document_id(value: object) -> str:
     """A document id as returned by the tools (64 hexadecimal characters)."""
-    if not isinstance(value, str) or len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
-        msg = "document_id must be the 64-character hexadecimal id returned by kb_memory_store or kb_memory_recall"
+    size = DOCUMENT_ID_LENGTH
+    if not isinstance(value, str) or len(value) != size or any(c not in "0123456789abcdef" for c in value):
+        msg = f"document_id must be the {size}-character hexadecimal id returned by kb_memory_store or kb_memory_recall"
         raise InvalidInputError(msg)
     return value
 
@@ -147,7 +153,7 @@ def check_string_list(values: object, what: str, *, max_items: int, max_len: int
 
 
 def check_ttl_days(value: object) -> int | None:
-    """An optional time to live in days, 1..3650."""
+    """An optional time to live in days, 1..``TTL_DAYS_MAX``."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= TTL_DAYS_MAX:

@@ -4,7 +4,7 @@
 # smoke runs). Extra arguments go to pytest. Any failing check fails the command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh bench   # the suite also smoke-tests the comparison with mem0
 echo "== ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

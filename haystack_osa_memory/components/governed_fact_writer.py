@@ -3,16 +3,14 @@ from __future__ import annotations
 from typing import Any
 
 from haystack import Document, component, default_from_dict, default_to_dict
-from haystack.utils import Secret, deserialize_secrets_inplace
 
-from haystack_osa_memory.components._kb import KnowledgeBaseSettings
-from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.errors import InvalidInputError
 from haystack_osa_memory.store.facts import FactRepository
+from haystack_osa_memory.store.memory_store import MemoryStore
 
 
 @component
-class GovernedFactWriter(KnowledgeBaseSettings):
+class GovernedFactWriter:
     """Writes facts as governing row + chunk, both in one transaction, upserting by document id.
 
     A crash or error between the two writes rolls both back: a fact is never half visible, and
@@ -21,11 +19,11 @@ class GovernedFactWriter(KnowledgeBaseSettings):
     Usage example:
     ```python
     from haystack import Pipeline
-    from haystack_osa_memory import GovernedFactWriter, ScopeMarkerWriter
+    from haystack_osa_memory import GovernedFactWriter, MemoryStore, ScopeMarkerWriter
 
     pipe = Pipeline()
     pipe.add_component("mark", ScopeMarkerWriter())
-    pipe.add_component("write", GovernedFactWriter())  # PG_CONN_STR
+    pipe.add_component("write", GovernedFactWriter(store=MemoryStore()))  # PG_CONN_STR
     pipe.connect("mark.documents", "write.documents")
     pipe.connect("mark.governing_rows", "write.governing_rows")
     ```
@@ -33,41 +31,31 @@ class GovernedFactWriter(KnowledgeBaseSettings):
 
     def __init__(
         self,
-        connection_string: Secret = Secret.from_env_var("PG_CONN_STR"),
-        kb_schema: str = "public",
-        governing_table: str = "org_documents",
-        chunk_table: str = "haystack_documents",
-        embedding_dimension: int = 384,
-        language: str = "english",
-        memory_schema: str | None = None,
+        store: MemoryStore | None = None,
+        audit: bool = True,
     ) -> None:
         """
-        :param connection_string: PostgreSQL connection string (secret; env var `PG_CONN_STR` by default).
-        :param kb_schema: Schema of the knowledge-base tables.
-        :param governing_table: Table of governing rows.
-        :param chunk_table: pgvector-haystack chunk table.
-        :param embedding_dimension: Dimension of the chunk table's embeddings.
-        :param language: PostgreSQL text-search configuration.
-        :param memory_schema: Schema of the audit table; when set, every write appends an audit row in the
-            same transaction. `None` writes no audit.
+        :param store: The knowledge base (`MemoryStore`: connection, table names, timeouts); by default
+            `MemoryStore()`, which reads the `PG_CONN_STR` secret on first use.
+        :param audit: Append an audit row per fact (in the store's memory schema) in the same transaction.
         """
-        self._init_kb(connection_string, kb_schema, governing_table, chunk_table, embedding_dimension, language)
-        self.memory_schema = memory_schema
-        if memory_schema is not None:
-            self._config = MemoryConfig.model_validate({**self._config.model_dump(), "memory_schema": memory_schema})
+        self.store = store if store is not None else MemoryStore()
+        self.audit = audit
         self._repo: FactRepository | None = None
 
     def warm_up(self) -> None:
         """Resolve the connection string (safe to call twice)."""
         if self._repo is None:
-            self._repo = FactRepository(self._conn_str(), self._config)
+            self._repo = self.store.facts
 
     def to_dict(self) -> dict[str, Any]:
-        return default_to_dict(self, memory_schema=self.memory_schema, **self._kb_dict())
+        return default_to_dict(self, audit=self.audit, store=self.store.to_dict())
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GovernedFactWriter:
-        deserialize_secrets_inplace(data["init_parameters"], keys=["connection_string"])
+        params = data["init_parameters"]
+        if isinstance(params.get("store"), dict):
+            params["store"] = MemoryStore.from_dict(params["store"])
         return default_from_dict(cls, data)
 
     @component.output_types(document_ids=list[str])
@@ -81,7 +69,7 @@ class GovernedFactWriter(KnowledgeBaseSettings):
         """
         :param documents: Marked chunks from `ScopeMarkerWriter` (id = document id).
         :param governing_rows: Their governing rows, same ids.
-        :param actor: Who writes (token id, `cli:<user>`), recorded in the audit when `memory_schema` is set.
+        :param actor: Who writes (token id, `cli:<user>`), recorded in the audit (with `audit`).
         :param action: Audit action name (`store`, `propose`, `import`).
         :returns: `document_ids` written (in input order).
         :raises InvalidInputError: documents and rows do not pair up by id; nothing is written.
@@ -92,10 +80,9 @@ class GovernedFactWriter(KnowledgeBaseSettings):
             msg = "every document needs exactly one governing row with the same id (use ScopeMarkerWriter)"
             raise InvalidInputError(msg)
         for doc in documents:
-            if doc.embedding is not None and len(doc.embedding) != self.embedding_dimension:
-                msg = (
-                    f"embedding has {len(doc.embedding)} dimensions, the chunk table stores {self.embedding_dimension}"
-                )
+            if doc.embedding is not None and len(doc.embedding) != self.store.embedding_dimension:
+                stored = self.store.embedding_dimension
+                msg = f"embedding has {len(doc.embedding)} dimensions, the chunk table stores {stored}"
                 raise InvalidInputError(msg)
         self.warm_up()
         assert self._repo is not None
@@ -103,5 +90,5 @@ class GovernedFactWriter(KnowledgeBaseSettings):
             (rows[doc.id], {"id": doc.id, "content": doc.content, "embedding": doc.embedding, "meta": doc.meta})
             for doc in documents
         ]
-        audit = {"actor": actor or "unknown", "action": action} if self.memory_schema is not None else None
+        audit = {"actor": actor or "unknown", "action": action} if self.audit else None
         return {"document_ids": self._repo.write(items, audit=audit)}

@@ -5,18 +5,17 @@ from contextlib import nullcontext
 from typing import Any
 
 from haystack import Document, component, default_from_dict, default_to_dict
-from haystack.utils import Secret, deserialize_secrets_inplace
 
-from haystack_osa_memory.components._kb import KnowledgeBaseSettings
 from haystack_osa_memory.database import fact_scope
 from haystack_osa_memory.errors import AclLookupError, OsaMemoryError
 from haystack_osa_memory.store.facts import FactRepository
+from haystack_osa_memory.store.memory_store import MemoryStore
 
 logger = logging.getLogger(__name__)
 
 
 @component
-class GoverningRowAclFilter(KnowledgeBaseSettings):
+class GoverningRowAclFilter:
     """Admits retrieved documents only if their governing row allows it. Fails closed.
 
     A document is admitted when `meta["document_id"]` names a governing row whose org is the
@@ -45,44 +44,37 @@ class GoverningRowAclFilter(KnowledgeBaseSettings):
         self,
         audiences: list[str] | None = None,
         admitted_statuses: list[str] | None = None,
-        connection_string: Secret = Secret.from_env_var("PG_CONN_STR"),
-        kb_schema: str = "public",
-        governing_table: str = "org_documents",
-        chunk_table: str = "haystack_documents",
-        embedding_dimension: int = 384,
-        language: str = "english",
+        store: MemoryStore | None = None,
     ) -> None:
         """
         :param audiences: Audiences admitted (default `["customer"]`).
         :param admitted_statuses: Statuses admitted (default `["approved"]`).
-        :param connection_string: PostgreSQL connection string (secret; env var `PG_CONN_STR` by default).
-        :param kb_schema: Schema of the knowledge-base tables.
-        :param governing_table: Table of governing rows.
-        :param chunk_table: pgvector-haystack chunk table.
-        :param embedding_dimension: Dimension of the chunk table's embeddings.
-        :param language: PostgreSQL text-search configuration.
+        :param store: The knowledge base (`MemoryStore`: connection, table names, timeouts); by default
+            `MemoryStore()`, which reads the `PG_CONN_STR` secret on first use.
         """
         self.audiences = list(audiences) if audiences is not None else ["customer"]
         self.admitted_statuses = list(admitted_statuses) if admitted_statuses is not None else ["approved"]
         if not self.audiences or not self.admitted_statuses:
             msg = "audiences and admitted_statuses must each name at least one value (an empty list admits nothing)"
             raise ValueError(msg)
-        self._init_kb(connection_string, kb_schema, governing_table, chunk_table, embedding_dimension, language)
+        self.store = store if store is not None else MemoryStore()
         self._repo: FactRepository | None = None
 
     def warm_up(self) -> None:
         """Resolve the connection string (safe to call twice)."""
         if self._repo is None:
-            self._repo = FactRepository(self._conn_str(), self._config)
+            self._repo = self.store.facts
 
     def to_dict(self) -> dict[str, Any]:
         return default_to_dict(
-            self, audiences=self.audiences, admitted_statuses=self.admitted_statuses, **self._kb_dict()
+            self, audiences=self.audiences, admitted_statuses=self.admitted_statuses, store=self.store.to_dict()
         )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GoverningRowAclFilter:
-        deserialize_secrets_inplace(data["init_parameters"], keys=["connection_string"])
+        params = data["init_parameters"]
+        if isinstance(params.get("store"), dict):
+            params["store"] = MemoryStore.from_dict(params["store"])
         return default_from_dict(cls, data)
 
     @component.output_types(documents=list[Document], rejected=int)

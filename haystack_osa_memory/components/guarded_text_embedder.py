@@ -13,8 +13,6 @@ from haystack.core.serialization import component_from_dict, component_to_dict, 
 
 logger = logging.getLogger(__name__)
 
-_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="osa-memory-embed")
-
 
 @component
 class GuardedTextEmbedder:
@@ -55,6 +53,9 @@ class GuardedTextEmbedder:
         self._warm_error: str | None = None
         self._warmed = False
         self._lock = threading.Lock()
+        # Each instance has its own workers: calls stuck past their budget occupy this embedder's
+        # threads only, never those of a healthy embedder elsewhere in the process.
+        self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="osa-memory-embed")
 
     def warm_up(self) -> None:
         """Warm up the inner embedder once; a failure is remembered as the degraded reason."""
@@ -93,7 +94,7 @@ class GuardedTextEmbedder:
         self.warm_up()
         if self._warm_error:
             return {"embedding": None, "degraded": self._warm_error}
-        future = _executor.submit(self.embedder.run, text=text)
+        future = self._executor.submit(self.embedder.run, text=text)
         try:
             result = future.result(timeout=self.timeout)
         except FutureTimeout:

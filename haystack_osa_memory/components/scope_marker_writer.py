@@ -4,7 +4,7 @@ from typing import Any
 
 from haystack import Document, component, default_from_dict, default_to_dict
 
-from haystack_osa_memory.markers import add_marker, check_identifier, content_hash, document_id
+from haystack_osa_memory.markers import check_identifier, marked_fact
 from haystack_osa_memory.store.facts import FACT_AUDIENCE, FACT_SOURCE
 from haystack_osa_memory.validation import check_fact, check_topic
 
@@ -97,9 +97,7 @@ class ScopeMarkerWriter:
         for doc in documents:
             text = check_fact(doc.content, redacted=True)  # placeholders may have lengthened it
             topic = check_topic(doc.meta.get("topic"), redacted=True)
-            stored = add_marker(text, assignment_id)
-            digest = content_hash(stored)
-            doc_id = document_id(org_id, self.dataset, digest)
+            stored, digest, doc_id = marked_fact(text, org_id, assignment_id, self.dataset)
             metadata: dict[str, Any] = {"assignment_id": assignment_id, "osa_memory": True}
             if topic is not None:
                 metadata["topic"] = topic

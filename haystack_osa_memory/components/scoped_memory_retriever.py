@@ -1,17 +1,16 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
 from haystack import Document, component, default_from_dict, default_to_dict
-from haystack.utils import Secret, deserialize_secrets_inplace
 
-from haystack_osa_memory.components._kb import KnowledgeBaseSettings
 from haystack_osa_memory.database import fact_scope
 from haystack_osa_memory.markers import check_identifier
 from haystack_osa_memory.store.facts import FACT_AUDIENCE, FactRepository, ScopeHit
+from haystack_osa_memory.store.memory_store import MemoryStore
 from haystack_osa_memory.store.ranking import RankingParams
 
 Fusion = Literal["convex", "rrf", "lexical_first"]
@@ -21,11 +20,11 @@ def _is_stale(expires_at: object, now_iso: str) -> bool:
     return isinstance(expires_at, str) and expires_at <= now_iso
 
 
-_FUSIONS = ("convex", "rrf", "lexical_first")
+_FUSIONS: tuple[str, ...] = get_args(Fusion)
 
 
 @component
-class ScopedMemoryRetriever(KnowledgeBaseSettings):
+class ScopedMemoryRetriever:
     """Retrieves one assignment's facts with the governing-row scope applied inside the SQL query.
 
     The candidate set is the caller's governing rows (org, audience `ai_internal`, admitted status,
@@ -59,12 +58,7 @@ class ScopedMemoryRetriever(KnowledgeBaseSettings):
         lexical_context_weight: float = RankingParams.lex_ctx,
         vector_context_weight: float = RankingParams.vec_ctx,
         admitted_statuses: list[str] | None = None,
-        connection_string: Secret = Secret.from_env_var("PG_CONN_STR"),
-        kb_schema: str = "public",
-        governing_table: str = "org_documents",
-        chunk_table: str = "haystack_documents",
-        embedding_dimension: int = 384,
-        language: str = "english",
+        store: MemoryStore | None = None,
     ) -> None:
         """
         :param top_k: Documents returned by default (1..100).
@@ -81,12 +75,8 @@ class ScopedMemoryRetriever(KnowledgeBaseSettings):
         :param lexical_context_weight: Weight of the neighbours' term frequencies in a fact's BM25.
         :param vector_context_weight: Weight of the neighbours' cosine similarities in a fact's vector score.
         :param admitted_statuses: Statuses admitted (default `["approved"]`).
-        :param connection_string: PostgreSQL connection string (secret; env var `PG_CONN_STR` by default).
-        :param kb_schema: Schema of the knowledge-base tables.
-        :param governing_table: Table of governing rows.
-        :param chunk_table: pgvector-haystack chunk table.
-        :param embedding_dimension: Dimension of the chunk table's embeddings.
-        :param language: PostgreSQL text-search configuration.
+        :param store: The knowledge base (`MemoryStore`: connection, table names, timeouts); by default
+            `MemoryStore()`, which reads the `PG_CONN_STR` secret on first use.
         """
         if not 1 <= top_k <= 100:
             msg = f"top_k must be from 1 to 100, got {top_k}"
@@ -115,13 +105,13 @@ class ScopedMemoryRetriever(KnowledgeBaseSettings):
         self.lexical_context_weight = lexical_context_weight
         self.vector_context_weight = vector_context_weight
         self.admitted_statuses = list(admitted_statuses) if admitted_statuses is not None else ["approved"]
-        self._init_kb(connection_string, kb_schema, governing_table, chunk_table, embedding_dimension, language)
+        self.store = store if store is not None else MemoryStore()
         self._repo: FactRepository | None = None
 
     def warm_up(self) -> None:
         """Resolve the connection string (safe to call twice)."""
         if self._repo is None:
-            self._repo = FactRepository(self._conn_str(), self._config)
+            self._repo = self.store.facts
 
     def to_dict(self) -> dict[str, Any]:
         return default_to_dict(
@@ -138,12 +128,14 @@ class ScopedMemoryRetriever(KnowledgeBaseSettings):
             lexical_context_weight=self.lexical_context_weight,
             vector_context_weight=self.vector_context_weight,
             admitted_statuses=self.admitted_statuses,
-            **self._kb_dict(),
+            store=self.store.to_dict(),
         )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ScopedMemoryRetriever:
-        deserialize_secrets_inplace(data["init_parameters"], keys=["connection_string"])
+        params = data["init_parameters"]
+        if isinstance(params.get("store"), dict):
+            params["store"] = MemoryStore.from_dict(params["store"])
         return default_from_dict(cls, data)
 
     def _fuse(self, candidates: list[ScopeHit], hybrid: bool) -> list[tuple[ScopeHit, float]]:

@@ -25,11 +25,11 @@ from haystack_osa_memory.errors import InvalidInputError
 from haystack_osa_memory.markers import strip_marker
 from haystack_osa_memory.redaction_gate import redact_optional
 from haystack_osa_memory.store.facts import FACT_SOURCE, INSERT_AUDIT
+from haystack_osa_memory.tools import APPROVED, FLAGGED, PAGE_SIZE, REJECTED
+from haystack_osa_memory.tools import LISTABLE_STATUSES as LISTABLE_STATUSES  # statuses: declared in tools.py
+from haystack_osa_memory.tools import PROPOSED as PROPOSED
 
-APPROVED, PROPOSED, FLAGGED, REJECTED, RETIRED = "approved", "proposed", "flagged", "rejected", "retired"
-LISTABLE_STATUSES = (APPROVED, PROPOSED, FLAGGED, REJECTED)
 WILDCARD = "*"
-PAGE_SIZE = 20
 
 _SCOPED = sql.SQL(
     """g.id = %(document_id)s AND g.org_id = %(org_id)s AND g.source = %(source)s

@@ -5,18 +5,12 @@ from typing import Any
 from starlette.datastructures import Headers
 
 from haystack_osa_memory.auth import caller_for
-from haystack_osa_memory.tool_wrapper import AssignmentArgument, MemoryToolWrapper
+from haystack_osa_memory.tool_wrapper import MemoryToolWrapper, tool_api
+from haystack_osa_memory.tools import REFLECT, ReflectArguments
 
 
 class PipelineWrapper(MemoryToolWrapper):
-    def run_api(
-        self,
-        assignment: AssignmentArgument = None,
-        headers: Headers | None = None,
-    ) -> dict[str, Any]:
-        """Consolidate near-duplicate and repeated facts of this assignment into observations; reports what changed.
-
-        Args:
-            assignment: Optional assignment to act on, one granted to your token (default: its first).
-        """
-        return self.memory.reflect(caller=caller_for(assignment, headers))
+    @tool_api(REFLECT)
+    def run_api(self, args: ReflectArguments, headers: Headers | None) -> dict[str, Any]:
+        """Hayhooks serves the signature and docstring of `tools.REFLECT` (arguments, limits, descriptions)."""
+        return self.memory.reflect(caller=caller_for(args.assignment, headers))

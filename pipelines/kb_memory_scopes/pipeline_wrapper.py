@@ -6,20 +6,17 @@ from hayhooks import BasePipelineWrapper
 from starlette.datastructures import Headers
 
 from haystack_osa_memory.auth import caller_for
+from haystack_osa_memory.tool_wrapper import tool_api
+from haystack_osa_memory.tools import SCOPES, ScopesArguments
 
 
 class PipelineWrapper(BasePipelineWrapper):
     def setup(self) -> None:
         self.pipeline = None
 
-    def run_api(
-        self,
-        headers: Headers | None = None,
-    ) -> dict[str, Any]:
-        """List the assignments your token may use; pass one as `assignment` to the other memory tools.
-
-        Returns {"org_id", "default_assignment", "assignments"}.
-        """
+    @tool_api(SCOPES)
+    def run_api(self, args: ScopesArguments, headers: Headers | None) -> dict[str, Any]:
+        """Hayhooks serves the signature and docstring of `tools.SCOPES` (no arguments)."""
         caller = caller_for(None, headers)
         return {
             "org_id": caller.org_id,

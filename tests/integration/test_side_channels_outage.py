@@ -111,7 +111,7 @@ def test_a_token_revoked_or_expired_before_the_replay_gets_no_write_in(
         answer = memory.store(fact, caller=callers[name])
         assert (answer["stored"], answer["queued"]) == (False, True), answer
     assert memory.store("Replaycheck delta: stored locally without a token", caller=local)["queued"] is True
-    assert len(memory.buffer.items()) == 4
+    assert len(memory.offline.queue.items()) == 4
 
     assert expiring.expires_at is not None
     time.sleep(max(0.0, (expiring.expires_at - datetime.now(UTC)).total_seconds()) + 0.5)
@@ -125,14 +125,14 @@ def test_a_token_revoked_or_expired_before_the_replay_gets_no_write_in(
     assert any("delta" in c for c in stored)
     assert not any("beta" in c or "gamma" in c for c in stored)
     # refused items are kept aside, not lost: in the rejected file next to the buffer, in queue order
-    assert memory.buffer.items() == []
-    rejected = [json.loads(line) for line in memory.buffer.rejected_path.read_text().splitlines()]
+    assert memory.offline.queue.items() == []
+    rejected = [json.loads(line) for line in memory.offline.queue.rejected_path.read_text().splitlines()]
     assert [(r["fact"], r["token_id"]) for r in rejected] == [
         (facts["revoked"], revoked.token_id),
         (facts["exp"], expiring.token_id),
     ]
     assert {r["rejected_reason"] for r in rejected} == {"token revoked or expired before the replay"}
-    assert oct(memory.buffer.rejected_path.stat().st_mode & 0o777) == "0o600"
+    assert oct(memory.offline.queue.rejected_path.stat().st_mode & 0o777) == "0o600"
     # reported: the scope's status counts them, the log names the items and tokens but not the facts
     status = memory.status(caller=callers["good"])
     assert (status["database"], status["pending"], status["rejected"]) == ("ok", 0, 2)

@@ -17,6 +17,7 @@ from haystack_osa_memory import (
     GuardedTextEmbedder,
     InvalidInputError,
     MemoryConfig,
+    MemoryStore,
     ScopedMemoryRetriever,
     ScopeMarkerStripper,
     ScopeMarkerWriter,
@@ -109,15 +110,23 @@ class TestGoverningRowAclFilter:
 
     def test_bad_table_name_refused(self) -> None:
         with pytest.raises(ValueError, match="PostgreSQL name"):
-            GoverningRowAclFilter(governing_table="x; DROP TABLE y")
+            GoverningRowAclFilter(store=MemoryStore(governing_table="x; DROP TABLE y"))
 
     def test_to_dict_from_dict(self) -> None:
-        data = GoverningRowAclFilter(audiences=["ai_internal"], governing_table="gov").to_dict()
-        assert data["init_parameters"]["connection_string"] == ENV_SECRET
+        store = MemoryStore(governing_table="gov", statement_timeout_ms=2500)
+        data = GoverningRowAclFilter(audiences=["ai_internal"], store=store).to_dict()
+        assert data["init_parameters"]["store"]["init_parameters"]["connection_string"] == ENV_SECRET
         assert data["init_parameters"]["audiences"] == ["ai_internal"]
         restored = GoverningRowAclFilter.from_dict(data)
-        assert restored.governing_table == "gov"
-        assert restored.connection_string == Secret.from_env_var("PG_CONN_STR")
+        assert restored.store == store
+        assert restored.store.statement_timeout_ms == 2500
+        assert restored.store.connection_string == Secret.from_env_var("PG_CONN_STR")
+
+    def test_from_dict_ignores_unrelated_environment(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("OSA_MEMORY_EMBEDDER", "not-an-embedder")
+        monkeypatch.setenv("OSA_MEMORY_STATEMENT_TIMEOUT_MS", "1")
+        data = GoverningRowAclFilter(store=MemoryStore(statement_timeout_ms=2500)).to_dict()
+        assert GoverningRowAclFilter.from_dict(data).store.config.statement_timeout_ms == 2500
 
     def test_lookup_failure_fails_closed(self, monkeypatch: pytest.MonkeyPatch) -> None:
         from haystack_osa_memory import AclLookupError
@@ -138,16 +147,16 @@ class TestScopedMemoryRetriever:
             ScopedMemoryRetriever(fusion="magic")  # type: ignore[arg-type]
 
     def test_to_dict_from_dict(self) -> None:
-        r = ScopedMemoryRetriever(top_k=5, rrf_k=30, chunk_table="kb")
+        r = ScopedMemoryRetriever(top_k=5, rrf_k=30, store=MemoryStore(chunk_table="kb"))
         restored = ScopedMemoryRetriever.from_dict(r.to_dict())
-        assert (restored.top_k, restored.rrf_k, restored.chunk_table) == (5, 30, "kb")
+        assert (restored.top_k, restored.rrf_k, restored.store.chunk_table) == (5, 30, "kb")
 
 
 class TestGovernedFactWriter:
     def test_to_dict_from_dict(self) -> None:
-        w = GovernedFactWriter(kb_schema="kb", embedding_dimension=8)
+        w = GovernedFactWriter(store=MemoryStore(kb_schema="kb", embedding_dimension=8), audit=False)
         restored = GovernedFactWriter.from_dict(w.to_dict())
-        assert (restored.kb_schema, restored.embedding_dimension) == ("kb", 8)
+        assert (restored.store.kb_schema, restored.store.embedding_dimension, restored.audit) == ("kb", 8, False)
 
     def test_unpaired_rows_refused_before_any_write(self) -> None:
         with pytest.raises(InvalidInputError, match="exactly one governing row"):
@@ -155,7 +164,7 @@ class TestGovernedFactWriter:
 
     def test_wrong_embedding_dimension_refused(self) -> None:
         with pytest.raises(InvalidInputError, match="dimensions"):
-            GovernedFactWriter(embedding_dimension=4).run(
+            GovernedFactWriter(store=MemoryStore(embedding_dimension=4)).run(
                 documents=[Document(id="a", content="x", embedding=[1.0])], governing_rows=[{"id": "a"}]
             )
 
@@ -213,6 +222,17 @@ class TestGuardedTextEmbedder:
         assert time.perf_counter() - start < 0.9
         assert out["embedding"] is None
         assert "0.10 s budget" in out["degraded"]
+
+    def test_stuck_embedder_does_not_starve_a_healthy_one(self) -> None:
+        """Two calls of a stuck embedder time out and keep its workers busy; another embedder in the
+        same process still answers in time (the workers are per instance)."""
+        stuck = GuardedTextEmbedder(embedder=_SlowEmbedder(), timeout=0.05)
+        for _ in range(3):
+            assert stuck.run(text="hello")["embedding"] is None
+        healthy = GuardedTextEmbedder(embedder=MockTextEmbedder(dimension=8), timeout=0.5)
+        out = healthy.run(text="hello")
+        assert out["degraded"] is None
+        assert len(out["embedding"]) == 8
 
     def test_to_dict_from_dict_keeps_inner_embedder(self) -> None:
         g = GuardedTextEmbedder(embedder=MockTextEmbedder(dimension=8), timeout=1.5)

@@ -1,0 +1,157 @@
+"""`MemoryStore`: the one object that owns the connection, the schema names and the SQL repositories.
+
+Like pgvector-haystack's ``PgvectorDocumentStore``, components take a store (``store=``), nest its
+``to_dict()`` in their own and call its repositories; only the store touches the connection. Its
+settings come from the constructor, never from the environment: the connection string is a
+``Secret`` (``PG_CONN_STR`` by default), resolved on first use.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+from haystack import default_from_dict, default_to_dict
+from haystack.utils import Secret, deserialize_secrets_inplace
+
+from haystack_osa_memory.config import MemoryConfig
+from haystack_osa_memory.errors import ConfigurationError
+from haystack_osa_memory.store.facts import FactRepository
+from haystack_osa_memory.store.lifecycle import LifecycleRepository
+from haystack_osa_memory.store.tokens import TokenStore
+
+#: The `MemoryConfig` fields a store carries (what reaching the knowledge base needs).
+STORE_FIELDS = (
+    "kb_schema",
+    "governing_table",
+    "chunk_table",
+    "memory_schema",
+    "embedding_dimension",
+    "language",
+    "statement_timeout_ms",
+    "pool_timeout",
+    "admitted_statuses",
+    "redaction_off",
+)
+
+
+class MemoryStore:
+    """The knowledge base memory lives in: connection, table names, timeouts, and the SQL on them.
+
+    Usage:
+    ```python
+    from haystack.utils import Secret
+    from haystack_osa_memory import MemoryStore, ScopedMemoryRetriever
+
+    store = MemoryStore(connection_string=Secret.from_env_var("PG_CONN_STR"), chunk_table="kb_chunks")
+    retriever = ScopedMemoryRetriever(store=store, top_k=8)
+    ```
+    """
+
+    def __init__(
+        self,
+        *,
+        connection_string: Secret = Secret.from_env_var("PG_CONN_STR"),
+        kb_schema: str = "public",
+        governing_table: str = "org_documents",
+        chunk_table: str = "haystack_documents",
+        memory_schema: str = "osa_memory",
+        embedding_dimension: int = 384,
+        language: str = "english",
+        statement_timeout_ms: int = 15000,
+        pool_timeout: float = 5.0,
+        admitted_statuses: list[str] | None = None,
+        redaction_off: list[str] | None = None,
+    ) -> None:
+        """
+        :param connection_string: PostgreSQL connection string (a secret, resolved on first use).
+        :param kb_schema: Schema of the knowledge-base tables (chunks, governing rows, `osa_fact_terms`).
+        :param governing_table: The governing table (one row per knowledge-base document).
+        :param chunk_table: The chunk table (pgvector-haystack's layout).
+        :param memory_schema: Schema of memory's own tables (tokens, audit, feedback, switches).
+        :param embedding_dimension: Dimension of the chunk table's `embedding` column.
+        :param language: PostgreSQL text-search configuration of the lexical ranking.
+        :param statement_timeout_ms: Longest a statement may run.
+        :param pool_timeout: Longest to wait for a pooled connection, in seconds.
+        :param admitted_statuses: Statuses recall and the ACL admit (default `["approved"]`).
+        :param redaction_off: Redaction classes left alone in the free text the store writes (reasons,
+            notes); default none.
+        :raises ConfigurationError: a name or value is not allowed (checked here, not at first query).
+        """
+        self.connection_string = connection_string
+        self.kb_schema = kb_schema
+        self.governing_table = governing_table
+        self.chunk_table = chunk_table
+        self.memory_schema = memory_schema
+        self.embedding_dimension = embedding_dimension
+        self.language = language
+        self.statement_timeout_ms = statement_timeout_ms
+        self.pool_timeout = pool_timeout
+        self.admitted_statuses = list(admitted_statuses) if admitted_statuses is not None else ["approved"]
+        self.redaction_off = list(redaction_off or [])
+        try:
+            self.config = MemoryConfig(**{name: getattr(self, name) for name in STORE_FIELDS})
+        except ValueError as e:
+            msg = f"invalid MemoryStore settings: {e}"
+            raise ConfigurationError(msg) from None
+
+    @classmethod
+    def from_config(cls, config: MemoryConfig, connection_string: Secret | None = None) -> MemoryStore:
+        """The store of a `MemoryConfig` (its `pg_conn_str` when set, else ``connection_string``, else
+        the ``PG_CONN_STR`` secret)."""
+        if connection_string is None:
+            connection_string = (
+                Secret.from_token(config.pg_conn_str) if config.pg_conn_str else Secret.from_env_var("PG_CONN_STR")
+            )
+        values = {name: getattr(config, name) for name in STORE_FIELDS}
+        values["admitted_statuses"], values["redaction_off"] = (
+            list(config.admitted_statuses),
+            list(config.redaction_off),
+        )
+        return cls(connection_string=connection_string, **values)
+
+    @property
+    def conn_str(self) -> str:
+        """The resolved connection string.
+
+        :raises ConfigurationError: the secret resolves to nothing.
+        """
+        value = self.connection_string.resolve_value()
+        if not value:
+            msg = "no database connection string: set PG_CONN_STR (or let `osa-memory` start the embedded default)"
+            raise ConfigurationError(msg)
+        return str(value)
+
+    @cached_property
+    def facts(self) -> FactRepository:
+        """Governing rows and chunks: atomic writes, scoped reads, ACL lookups."""
+        return FactRepository(self.conn_str, self.config)
+
+    @cached_property
+    def lifecycle(self) -> LifecycleRepository:
+        """Reads, feedback, review, forget, kill switches, audit."""
+        return LifecycleRepository(self.conn_str, self.config)
+
+    @cached_property
+    def tokens(self) -> TokenStore:
+        """Bearer tokens."""
+        return TokenStore(self.conn_str, self.config)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialise (the connection string as its secret's reference, never its value)."""
+        return default_to_dict(
+            self,
+            connection_string=self.connection_string.to_dict(),
+            **{name: getattr(self, name) for name in STORE_FIELDS},
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MemoryStore:
+        """Deserialise what :meth:`to_dict` wrote."""
+        deserialize_secrets_inplace(data["init_parameters"], keys=["connection_string"])
+        return default_from_dict(cls, data)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MemoryStore) and self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]
