@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from haystack_osa_memory.redaction import CLASSES, PLACEHOLDER_PATTERN, PLACEHOLDERS, redact  # noqa: E402
+from haystack_osa_memory.privacy.redaction import CLASSES, PLACEHOLDER_PATTERN, PLACEHOLDERS, redact  # noqa: E402
 
 CORPUS = REPO / "tests" / "data" / "redaction_corpus.jsonl"
 CLASS_OF = {placeholder: name for name, placeholder in PLACEHOLDERS.items()}

@@ -31,7 +31,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
-from haystack_osa_memory.database import close_pools, scratch_database
+from haystack_osa_memory.store.database import close_pools, scratch_database
 from haystack_osa_memory.store.schema import ensure_schema
 from haystack_osa_memory.transfer import ImportItem
 

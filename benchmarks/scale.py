@@ -122,8 +122,8 @@ from rich.table import Table
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
 from haystack_osa_memory.config import ENVIRONMENT
-from haystack_osa_memory.database import close_pools, scratch_database
 from haystack_osa_memory.markers import add_marker, content_hash, document_id
+from haystack_osa_memory.store.database import close_pools, scratch_database
 from haystack_osa_memory.store.facts import (
     FACT_AUDIENCE,
     FACT_SOURCE,

@@ -109,8 +109,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from locomo import Conversation, database, latency_summary, load_locomo, question_metrics  # sibling module
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
-from haystack_osa_memory.database import close_pools
 from haystack_osa_memory.embedders import build_embedders
+from haystack_osa_memory.store.database import close_pools
 from haystack_osa_memory.transfer import ImportItem
 
 REPO = Path(__file__).resolve().parents[1]

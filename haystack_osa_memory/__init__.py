@@ -43,10 +43,10 @@ _EXPORTS: dict[str, str] = {
     "ScopeError": "haystack_osa_memory.errors",
     "Memory": "haystack_osa_memory.memory",
     "shared_memory": "haystack_osa_memory.memory",
-    "ALLOWED_MODULES": "haystack_osa_memory.pipelines",
-    "build_customer_search_pipeline": "haystack_osa_memory.pipelines",
-    "build_recall_pipeline": "haystack_osa_memory.pipelines",
-    "build_store_pipeline": "haystack_osa_memory.pipelines",
+    "ALLOWED_MODULES": "haystack_osa_memory.builders",
+    "build_customer_search_pipeline": "haystack_osa_memory.builders",
+    "build_recall_pipeline": "haystack_osa_memory.builders",
+    "build_store_pipeline": "haystack_osa_memory.builders",
 }
 
 __all__ = [
@@ -84,6 +84,12 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from haystack_osa_memory.builders import (
+        ALLOWED_MODULES,
+        build_customer_search_pipeline,
+        build_recall_pipeline,
+        build_store_pipeline,
+    )
     from haystack_osa_memory.caller import Caller, caller_scope, current_caller
     from haystack_osa_memory.components import (
         GovernedFactWriter,
@@ -110,12 +116,6 @@ if TYPE_CHECKING:
         ScopeError,
     )
     from haystack_osa_memory.memory import Memory, shared_memory
-    from haystack_osa_memory.pipelines import (
-        ALLOWED_MODULES,
-        build_customer_search_pipeline,
-        build_recall_pipeline,
-        build_store_pipeline,
-    )
     from haystack_osa_memory.store.memory_store import MemoryStore
 
 

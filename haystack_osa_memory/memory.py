@@ -7,24 +7,25 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from haystack import Document, Pipeline
 from haystack.core.errors import PipelineRuntimeError
 from haystack.utils import Secret
 
+from haystack_osa_memory.builders import build_customer_search_pipeline, build_recall_pipeline, build_store_pipeline
 from haystack_osa_memory.caller import Caller
 from haystack_osa_memory.config import MemoryConfig
-from haystack_osa_memory.database import classify, resolve_connection_string
 from haystack_osa_memory.embedders import build_embedders
 from haystack_osa_memory.errors import DatabaseError, InvalidInputError, MemoryOffError, NotFoundError, OsaMemoryError
 from haystack_osa_memory.markers import marked_fact
 from haystack_osa_memory.offline import OfflineBuffer
-from haystack_osa_memory.pipelines import build_customer_search_pipeline, build_recall_pipeline, build_store_pipeline
-from haystack_osa_memory.redaction import CLASSES as REDACTION_CLASSES
-from haystack_osa_memory.redaction import redact
-from haystack_osa_memory.redaction_gate import redact_field, secret_classes
+from haystack_osa_memory.privacy.gate import redact_field, secret_classes
+from haystack_osa_memory.privacy.redaction import CLASSES as REDACTION_CLASSES
+from haystack_osa_memory.privacy.redaction import redact
 from haystack_osa_memory.reflect import ReflectReport, ReflectSettings, consolidate_scope
+from haystack_osa_memory.store.database import classify, resolve_connection_string
 from haystack_osa_memory.store.facts import FACT_SOURCE
 from haystack_osa_memory.store.lifecycle import (
     LISTABLE_STATUSES,
@@ -57,6 +58,7 @@ from haystack_osa_memory.validation import (
     check_ttl_days,
     normalise,
 )
+from haystack_osa_memory.yaml_pipelines import EMBED, PipelineDefinitions, load_pipeline
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +127,7 @@ class Memory:
         text_embedder: Any | None = None,
         use_default_embedders: bool = True,
         init_schema: bool = False,
+        definitions: PipelineDefinitions | None = None,
     ) -> None:
         """
         :param config: Settings; `MemoryConfig.from_env()` by default.
@@ -134,8 +137,16 @@ class Memory:
         :param init_schema: Apply the migrations on first use, as `osa-memory init` does. Off by default:
             on a team's database (`PG_CONN_STR`) memory only checks the schema version and runs no DDL;
             the embedded default database is brought up to date automatically.
+        :param definitions: Run these YAML store and recall pipelines (`yaml_pipelines`) instead of the
+            built-in ones; their embedder is the one used, and the embedder arguments are then not allowed.
         """
         self.config = config or MemoryConfig.from_env()
+        self.definitions = definitions
+        if definitions is not None:
+            if document_embedder is not None or text_embedder is not None:
+                msg = "the pipeline definitions name their embedder: give embedders or definitions, not both"
+                raise ValueError(msg)
+            use_default_embedders = False
         if document_embedder is None and text_embedder is None and use_default_embedders:
             document_embedder, text_embedder = build_embedders(self.config)
         if (document_embedder is None) != (text_embedder is None):
@@ -171,8 +182,17 @@ class Memory:
             self.schema, report = prepare_schema(self.conn_str, self.config)
             self.init_report = self.init_report or report
             self.kb = MemoryStore.from_config(self.config, Secret.from_token(self.conn_str))
-            store = build_store_pipeline(self.config, self.document_embedder, store=self.kb)
-            recall = build_recall_pipeline(self.config, self.text_embedder, store=self.kb)
+            if self.definitions is not None:
+                origin = self.definitions.origin
+                store = load_pipeline(self.definitions.store, config=self.config, store=self.kb, origin=origin)
+                recall = load_pipeline(self.definitions.recall, config=self.config, store=self.kb, origin=origin)
+                # The YAML's embedder is the one in use (status, degraded answers, import).
+                names = {n for n, _ in store.walk()}, {n for n, _ in recall.walk()}
+                self.document_embedder = store.get_component(EMBED) if EMBED in names[0] else None
+                self.text_embedder = recall.get_component(EMBED) if EMBED in names[1] else None
+            else:
+                store = build_store_pipeline(self.config, self.document_embedder, store=self.kb)
+                recall = build_recall_pipeline(self.config, self.text_embedder, store=self.kb)
             store.warm_up()
             recall.warm_up()
             self.lifecycle = self.kb.lifecycle
@@ -515,7 +535,7 @@ class Memory:
         """Health for ``caller``: database state (`ok`, `unreachable`, `unauthorised`, `erroring`), pending
         buffered facts, embedder, scope and its fact count, version. Refuses when a kill switch is off."""
         from haystack_osa_memory import __version__
-        from haystack_osa_memory.database import probe
+        from haystack_osa_memory.store.database import probe
 
         if not self.config.enabled:
             raise MemoryOffError()
@@ -564,10 +584,12 @@ _shared: Memory | None = None
 _shared_lock = threading.Lock()
 
 
-def shared_memory() -> Memory:
-    """The process-wide `Memory` built from the environment (used by the Hayhooks wrappers)."""
+def shared_memory(pipelines_dir: Path | None = None) -> Memory:
+    """The process-wide `Memory` built from the environment (used by the Hayhooks wrappers), running the
+    YAML pipelines of ``pipelines_dir`` when it holds them (`yaml_pipelines.PipelineDefinitions.find`)."""
     global _shared
     with _shared_lock:
         if _shared is None:
-            _shared = Memory()
+            definitions = PipelineDefinitions.find(pipelines_dir) if pipelines_dir is not None else None
+            _shared = Memory(definitions=definitions)
         return _shared

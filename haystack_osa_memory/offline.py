@@ -1,6 +1,6 @@
 """Facts `Memory` could not store while the database was unreachable: held, recalled from, replayed.
 
-Held redacted, in the durable queue (`haystack_osa_memory.buffer`), one item per fact with its scope and
+Held redacted, in the durable queue (`haystack_osa_memory.durable_queue`), one item per fact with its scope and
 the token that sent it. Replayed in order by the first call that reaches the database again, each
 item only while its token is still active. While the database is down, recall answers from the
 caller's own held facts (the queue's ranking, the same one the stdio bridge uses).
@@ -15,8 +15,8 @@ from typing import Any
 
 from haystack import Document
 
-from haystack_osa_memory.buffer import DurableQueue, rank
 from haystack_osa_memory.caller import Caller
+from haystack_osa_memory.durable_queue import DurableQueue, rank
 from haystack_osa_memory.errors import OsaMemoryError
 from haystack_osa_memory.markers import marked_fact
 

@@ -4,7 +4,7 @@ Each tool is one :class:`ToolSpec`: a one-line description, an ``Arguments`` pyd
 defaults, limits and per-argument descriptions) and a ``Result`` pydantic model (what a successful
 call returns). Everything else derives from these declarations:
 
-- the Hayhooks wrappers' ``run_api`` signatures and docstrings (``tool_wrapper.tool_api``), from which
+- the Hayhooks wrappers' ``run_api`` signatures and docstrings (``mcp.wrapper.tool_api``), from which
   Hayhooks builds each MCP tool's input schema and description;
 - the MCP ``outputSchema`` of each tool and the ``structuredContent`` of its results (``serve``);
 - the limits and choices that ``validation`` enforces;

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from haystack_osa_memory import tools
 from haystack_osa_memory.errors import InvalidInputError
 from haystack_osa_memory.markers import MARKER_LOOKALIKE
-from haystack_osa_memory.redaction import PLACEHOLDER_PATTERN
+from haystack_osa_memory.privacy.redaction import PLACEHOLDER_PATTERN
 
 # The limits and choices are the tools' contract, declared once in `tools.py`.
 DOCUMENT_ID_LENGTH = tools.DOCUMENT_ID_LENGTH

@@ -15,7 +15,7 @@ import pytest
 from psycopg import sql
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
-from haystack_osa_memory.database import scratch_database
+from haystack_osa_memory.store.database import scratch_database
 from haystack_osa_memory.store.schema import ensure_schema
 
 REPO = Path(__file__).resolve().parents[1]

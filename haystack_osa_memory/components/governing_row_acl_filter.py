@@ -6,8 +6,8 @@ from typing import Any
 
 from haystack import Document, component, default_from_dict, default_to_dict
 
-from haystack_osa_memory.database import fact_scope
 from haystack_osa_memory.errors import AclLookupError, OsaMemoryError
+from haystack_osa_memory.store.database import fact_scope
 from haystack_osa_memory.store.facts import FactRepository
 from haystack_osa_memory.store.memory_store import MemoryStore
 

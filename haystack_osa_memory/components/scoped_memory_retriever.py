@@ -7,8 +7,8 @@ import numpy as np
 import numpy.typing as npt
 from haystack import Document, component, default_from_dict, default_to_dict
 
-from haystack_osa_memory.database import fact_scope
 from haystack_osa_memory.markers import check_identifier
+from haystack_osa_memory.store.database import fact_scope
 from haystack_osa_memory.store.facts import FACT_AUDIENCE, FactRepository, ScopeHit
 from haystack_osa_memory.store.memory_store import MemoryStore
 from haystack_osa_memory.store.ranking import RankingParams

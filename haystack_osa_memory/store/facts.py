@@ -22,8 +22,8 @@ import psycopg
 from psycopg import sql
 
 from haystack_osa_memory.config import MemoryConfig
-from haystack_osa_memory.database import fact_scope, read, transaction
 from haystack_osa_memory.errors import DatabaseError
+from haystack_osa_memory.store.database import fact_scope, read, transaction
 from haystack_osa_memory.store.ranking import TERM_CODE, RankingParams, rank_scope
 
 FACT_SOURCE = "agent_fact"

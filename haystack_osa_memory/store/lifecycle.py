@@ -20,10 +20,10 @@ import psycopg
 from psycopg import sql
 
 from haystack_osa_memory.config import MemoryConfig
-from haystack_osa_memory.database import fact_scope, read, transaction
 from haystack_osa_memory.errors import InvalidInputError
 from haystack_osa_memory.markers import strip_marker
-from haystack_osa_memory.redaction_gate import redact_optional
+from haystack_osa_memory.privacy.gate import redact_optional
+from haystack_osa_memory.store.database import fact_scope, read, transaction
 from haystack_osa_memory.store.facts import FACT_SOURCE, INSERT_AUDIT
 from haystack_osa_memory.tools import APPROVED, FLAGGED, PAGE_SIZE, REJECTED
 from haystack_osa_memory.tools import LISTABLE_STATUSES as LISTABLE_STATUSES  # statuses: declared in tools.py
@@ -215,7 +215,7 @@ _M = TypeVar("_M", bound=Callable[..., Any])
 
 def _scoped(method: _M) -> _M:
     """Run a repository method whose first argument is a `Scope` with the database sessions set to that
-    scope (`haystack_osa_memory.database.fact_scope`: row-level security, when on, shows its facts only)."""
+    scope (`haystack_osa_memory.store.database.fact_scope`: row-level security, when on, shows its facts only)."""
     if inspect.isgeneratorfunction(method):
 
         @functools.wraps(method)

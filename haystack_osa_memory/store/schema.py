@@ -17,9 +17,9 @@ import psycopg
 from psycopg import sql
 
 from haystack_osa_memory.config import MemoryConfig
-from haystack_osa_memory.database import connection_kwargs
 from haystack_osa_memory.errors import DatabaseError, SchemaError
 from haystack_osa_memory.markers import MARKER_PREFIX, MARKER_SUFFIX
+from haystack_osa_memory.store.database import connection_kwargs
 from haystack_osa_memory.store.facts import FACT_SOURCE, lexeme_stats
 
 CREATE_EXTENSION = sql.SQL("CREATE EXTENSION IF NOT EXISTS vector")
@@ -551,7 +551,7 @@ REPAIR_TRIGGERS = tuple(step for step in MIGRATIONS[6].steps[3:])
 
 # -- row-level security (opt-in: `osa-memory init --row-level-security`) ---------------------------
 # A fact row is visible only to a transaction whose scope settings (set by our code from the
-# authenticated caller, `haystack_osa_memory.database`) name its org and assignment; every other row
+# authenticated caller, `haystack_osa_memory.store.database`) name its org and assignment; every other row
 # stays exactly as visible as before. A session that sets no scope (a team's pipeline, psql) reads
 # no fact. FORCE: the tables' owner is held to the policies too (superusers and BYPASSRLS roles never are).
 SCOPE_ORG = "osa_memory.org_id"

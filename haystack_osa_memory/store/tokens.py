@@ -15,9 +15,9 @@ from psycopg import sql
 
 from haystack_osa_memory.caller import Caller
 from haystack_osa_memory.config import MemoryConfig
-from haystack_osa_memory.database import transaction
 from haystack_osa_memory.errors import AuthenticationError, InvalidInputError
 from haystack_osa_memory.markers import check_identifier
+from haystack_osa_memory.store.database import transaction
 
 TOKEN_PREFIX = "osam_"  # noqa: S105 - a public prefix, not a secret
 _TOKEN = re.compile(r"^osam_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$")

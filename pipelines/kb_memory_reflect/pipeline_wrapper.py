@@ -4,8 +4,8 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
-from haystack_osa_memory.auth import caller_for
-from haystack_osa_memory.tool_wrapper import MemoryToolWrapper, tool_api
+from haystack_osa_memory.mcp.auth import caller_for
+from haystack_osa_memory.mcp.wrapper import MemoryToolWrapper, tool_api
 from haystack_osa_memory.tools import REFLECT, ReflectArguments
 
 

@@ -5,8 +5,8 @@ from typing import Any
 from hayhooks import BasePipelineWrapper
 from starlette.datastructures import Headers
 
-from haystack_osa_memory.auth import caller_for
-from haystack_osa_memory.tool_wrapper import tool_api
+from haystack_osa_memory.mcp.auth import caller_for
+from haystack_osa_memory.mcp.wrapper import tool_api
 from haystack_osa_memory.tools import SCOPES, ScopesArguments
 
 

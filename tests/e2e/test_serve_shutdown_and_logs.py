@@ -17,7 +17,7 @@ import psutil  # type: ignore[import-untyped]
 import pytest
 from mcp import ClientSession
 
-from haystack_osa_memory.bridge import STATUS_TOOL, BridgeBuffer, token_fingerprint
+from haystack_osa_memory.mcp.stdio_bridge import STATUS_TOOL, BridgeBuffer, token_fingerprint
 from haystack_osa_memory.store.tokens import TokenStore
 from tests.e2e.conftest import OSA_MEMORY, Server, call, env_for, free_port, wait_for_status
 from tests.e2e.test_stdio_bridge import buffer_items, payload, with_bridge

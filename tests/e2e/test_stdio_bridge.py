@@ -1,4 +1,4 @@
-"""End to end: the stdio bridge (`python -m haystack_osa_memory.bridge`) in its own process, driven by the
+"""End to end: the stdio bridge (`python -m haystack_osa_memory.mcp.stdio_bridge`) in its own process, driven by the
 official MCP stdio client, in front of a real `osa-memory serve` (or of a port where nothing listens)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from mcp.client.session import MessageHandlerFnT
 from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult, ServerNotification, ToolListChangedNotification
 
-from haystack_osa_memory.bridge import STATUS_TOOL, BridgeBuffer, token_fingerprint
+from haystack_osa_memory.mcp.stdio_bridge import STATUS_TOOL, BridgeBuffer, token_fingerprint
 from tests.conftest import REPO, row_counts
 from tests.e2e.conftest import Server, call, free_port
 
@@ -49,7 +49,16 @@ def with_bridge(
     params = StdioServerParameters(
         command=sys.executable,
         args=[
-            *("-m", "haystack_osa_memory.bridge", "--url", url, "--buffer", str(buffer), "--log-level", "debug"),
+            *(
+                "-m",
+                "haystack_osa_memory.mcp.stdio_bridge",
+                "--url",
+                url,
+                "--buffer",
+                str(buffer),
+                "--log-level",
+                "debug",
+            ),
             *extra_args,
         ],
         env={**os.environ, "OSA_MEMORY_TOKEN": token, "PYTHONUNBUFFERED": "1"},
@@ -322,7 +331,7 @@ def test_an_invalid_token_is_an_error_and_nothing_is_queued(server: Server, tmp_
 
 def test_the_bridge_needs_a_token_and_an_http_url(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "OSA_MEMORY_TOKEN"}
-    base = [sys.executable, "-m", "haystack_osa_memory.bridge", "--buffer", str(tmp_path / "b.jsonl")]
+    base = [sys.executable, "-m", "haystack_osa_memory.mcp.stdio_bridge", "--buffer", str(tmp_path / "b.jsonl")]
     done = subprocess.run(
         [*base, "--url", "http://127.0.0.1:1/mcp"], env=env, capture_output=True, text=True, timeout=120, cwd=REPO
     )
@@ -380,7 +389,7 @@ def test_outages_and_refusals_are_told_apart(tmp_path: Path) -> None:
     import socket
     import threading
 
-    from haystack_osa_memory.bridge import Bridge
+    from haystack_osa_memory.mcp.stdio_bridge import Bridge
 
     class Answer(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:

@@ -14,9 +14,9 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
-from haystack_osa_memory.database import close_pools, fact_scope, read
 from haystack_osa_memory.errors import DatabaseError, SchemaError
 from haystack_osa_memory.store import schema
+from haystack_osa_memory.store.database import close_pools, fact_scope, read
 from haystack_osa_memory.store.facts import FactRepository
 from haystack_osa_memory.store.schema import MIGRATIONS, SCHEMA_VERSION, check_schema, ensure_schema
 from tests.conftest import drop_schema, new_schema_config

@@ -26,7 +26,7 @@ from haystack_integrations.document_stores.pgvector import PgvectorDocumentStore
 from psycopg import sql
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
-from haystack_osa_memory.database import close_pools
+from haystack_osa_memory.store.database import close_pools
 from haystack_osa_memory.store.schema import CREATE_GOVERNING_TABLE, ensure_schema
 from tests.conftest import drop_schema
 

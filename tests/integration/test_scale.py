@@ -47,8 +47,8 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
-from haystack_osa_memory.database import get_pool
 from haystack_osa_memory.markers import add_marker, content_hash
+from haystack_osa_memory.store.database import get_pool
 from haystack_osa_memory.store.facts import (
     FACT_AUDIENCE,
     FACT_SOURCE,

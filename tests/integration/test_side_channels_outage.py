@@ -21,9 +21,9 @@ import pytest
 from psycopg import sql
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
-from haystack_osa_memory.database import close_pools
 from haystack_osa_memory.errors import DatabaseError
-from haystack_osa_memory.serve import CachingVerifier
+from haystack_osa_memory.mcp.server import CachingVerifier
+from haystack_osa_memory.store.database import close_pools
 from haystack_osa_memory.store.schema import ensure_schema
 from haystack_osa_memory.store.tokens import TokenStore, parse_duration
 from tests.conftest import new_schema_config

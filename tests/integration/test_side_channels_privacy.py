@@ -15,7 +15,7 @@ from psycopg import sql
 from typer.testing import CliRunner
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
-from haystack_osa_memory.cli import app
+from haystack_osa_memory.cli.main import app
 from haystack_osa_memory.errors import InvalidInputError
 from haystack_osa_memory.store.lifecycle import LifecycleRepository
 from haystack_osa_memory.transfer import ImportItem, export_line, read_items

@@ -8,8 +8,8 @@ from typing import Any, get_args
 
 import pytest
 
-from haystack_osa_memory import bridge
-from haystack_osa_memory.client_config import CLIENTS, ClientName, Transport, client_config, render
+from haystack_osa_memory.mcp import stdio_bridge as bridge
+from haystack_osa_memory.mcp.client_config import CLIENTS, ClientName, Transport, client_config, render
 
 URL = "http://127.0.0.1:1417/mcp"
 TOKEN = "osam_0123456789abcdef_" + "S" * 43

@@ -11,7 +11,7 @@ from haystack_osa_memory.markers import (
     marker_assignment,
     strip_marker,
 )
-from haystack_osa_memory.redaction import redact
+from haystack_osa_memory.privacy.redaction import redact
 from haystack_osa_memory.validation import (
     FACT_MAX,
     check_fact,

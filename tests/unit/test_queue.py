@@ -1,4 +1,4 @@
-"""The one durable queue (`haystack_osa_memory.buffer`) behind `Memory`'s offline buffer and the bridge's."""
+"""The one durable queue (`haystack_osa_memory.durable_queue`) behind `Memory`'s offline buffer and the bridge's."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from haystack_osa_memory import buffer as queue_module
-from haystack_osa_memory.bridge import BridgeBuffer, token_fingerprint
-from haystack_osa_memory.buffer import DurableQueue, rank, words
+from haystack_osa_memory import durable_queue as queue_module
 from haystack_osa_memory.caller import Caller
 from haystack_osa_memory.config import MemoryConfig
+from haystack_osa_memory.durable_queue import DurableQueue, rank, words
+from haystack_osa_memory.mcp.stdio_bridge import BridgeBuffer, token_fingerprint
 from haystack_osa_memory.memory import Memory
 
 PER_PROCESS = 100

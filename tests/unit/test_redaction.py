@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from haystack_osa_memory.components.privacy_redactor import PrivacyRedactor
 from haystack_osa_memory.errors import ConfigurationError, InvalidInputError
-from haystack_osa_memory.redaction import (
+from haystack_osa_memory.privacy.redaction import (
     BUILTIN_RULES,
     CLASSES,
     PLACEHOLDER_PATTERN,

@@ -19,9 +19,9 @@ from haystack_osa_memory import tools, transfer, validation
 from haystack_osa_memory.agent_tools import memory_tools, tool_parameters
 from haystack_osa_memory.caller import Caller
 from haystack_osa_memory.errors import InvalidInputError
+from haystack_osa_memory.mcp.wrapper import tool_api
 from haystack_osa_memory.memory import Memory
 from haystack_osa_memory.store import lifecycle
-from haystack_osa_memory.tool_wrapper import tool_api
 
 REPO = Path(__file__).resolve().parents[2]
 README_TABLE = re.compile(r"^\| tool \| arguments \| returns \|\n(?:\|.*\n?)+", re.MULTILINE)

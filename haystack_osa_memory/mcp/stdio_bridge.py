@@ -15,7 +15,7 @@ A refused token (HTTP 401) is never "unreachable": the call fails saying the tok
 nothing is queued. Other 4xx answers (wrong URL) are errors too.
 
 The buffer (JSON lines, one item per call: `id`, `tool`, `arguments`, `queued_at`, and a SHA-256
-fingerprint of the token, never the token) is a `haystack_osa_memory.buffer.DurableQueue`, the same
+fingerprint of the token, never the token) is a `haystack_osa_memory.durable_queue.DurableQueue`, the same
 queue as `Memory`'s offline buffer: appended with fsync, mode 0600, under a lock file shared by every
 bridge process using it; a torn line left by a crash is skipped and kept. On start-up, on every
 successful remote call, and every `retry_interval` seconds while items are pending, this token's items
@@ -60,9 +60,9 @@ from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import McpError
 
-from haystack_osa_memory.buffer import DurableQueue, rank
+from haystack_osa_memory.durable_queue import DurableQueue, rank
 
-logger = logging.getLogger("haystack_osa_memory.bridge")  # also when run as __main__
+logger = logging.getLogger("haystack_osa_memory.mcp.stdio_bridge")  # also when run as __main__
 
 T = TypeVar("T")
 
@@ -730,7 +730,7 @@ def _usage_error(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `osa-memory mcp-stdio` (and `python -m haystack_osa_memory.bridge`)."""
+    """Entry point of `osa-memory mcp-stdio` (and `python -m haystack_osa_memory.mcp.stdio_bridge`)."""
     args = _parser().parse_args(argv)
     token = os.environ.get(TOKEN_ENV, "").strip()
     if not token:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 from hayhooks import BasePipelineWrapper
@@ -33,7 +34,8 @@ class MemoryToolWrapper(BasePipelineWrapper):  # type: ignore[misc]
     memory: Memory
 
     def setup(self) -> None:
-        self.memory = shared_memory()
+        # The pipelines folder this wrapper was loaded from: its YAML store and recall pipelines serve.
+        self.memory = shared_memory(Path(inspect.getfile(type(self))).resolve().parents[1])
         self.memory.warm_up()
 
 

@@ -27,8 +27,8 @@ import anyio
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from haystack_osa_memory.caller import Caller, caller_scope
-from haystack_osa_memory.database import classify
 from haystack_osa_memory.errors import AuthenticationError, DatabaseError, InvalidInputError, OsaMemoryError
+from haystack_osa_memory.store.database import classify
 from haystack_osa_memory.validation import check_text
 
 logger = logging.getLogger(__name__)
@@ -38,8 +38,9 @@ Verifier = Callable[[str], Caller]
 
 def default_pipelines_dir() -> Path:
     """The packaged pipeline wrappers, or the repository's `pipelines/` in a source checkout."""
-    packaged = Path(__file__).parent / "_pipelines"
-    return packaged if packaged.is_dir() else Path(__file__).resolve().parents[1] / "pipelines"
+    package = Path(__file__).resolve().parents[1]
+    packaged = package / "_pipelines"
+    return packaged if packaged.is_dir() else package.parent / "pipelines"
 
 
 async def _respond(send: Send, status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]] = []) -> None:  # noqa: B006

@@ -72,8 +72,8 @@ def _config(data_dir: Path | None) -> MemoryConfig:
 
 def _connect(config: MemoryConfig) -> str:
     """Reach the database and check its schema version (no DDL: only `init` changes the schema)."""
-    from haystack_osa_memory.database import resolve_connection_string
     from haystack_osa_memory.errors import SchemaError
+    from haystack_osa_memory.store.database import resolve_connection_string
     from haystack_osa_memory.store.schema import prepare_schema
 
     try:
@@ -143,7 +143,7 @@ def init(
     Applies the pending migrations in order, each in its own transaction; `--dry-run` prints them first
     (statements on the team's chunk and governing tables are marked, with their locks).
     """
-    from haystack_osa_memory.database import resolve_connection_string
+    from haystack_osa_memory.store.database import resolve_connection_string
     from haystack_osa_memory.store.schema import ensure_schema
 
     config = _config(data_dir)
@@ -202,8 +202,8 @@ def serve(
 
     import uvicorn
 
-    from haystack_osa_memory.database import stop_embedded
-    from haystack_osa_memory.serve import CachingVerifier, create_app, exit_on_sigterm, install_log_scrubbing
+    from haystack_osa_memory.mcp.server import CachingVerifier, create_app, exit_on_sigterm, install_log_scrubbing
+    from haystack_osa_memory.store.database import stop_embedded
     from haystack_osa_memory.store.schema import check_schema
     from haystack_osa_memory.store.tokens import TokenStore
 
@@ -675,7 +675,7 @@ def mcp_stdio(
 
     Stores made while the server is unreachable are queued locally and sent, in order, on reconnect.
     """
-    from haystack_osa_memory.bridge import main as bridge_main
+    from haystack_osa_memory.mcp.stdio_bridge import main as bridge_main
 
     argv = ["--url", url, "--connect-timeout", str(connect_timeout), "--call-timeout", str(call_timeout)]
     argv += ["--retry-interval", str(retry_interval), "--log-level", log_level]
@@ -703,7 +703,7 @@ def mcp_config(
     ] = "osa-memory",
 ) -> None:
     """Print a working MCP client configuration (.mcp.json, .cursor/mcp.json, or both generic forms)."""
-    from haystack_osa_memory.client_config import client_config, render, setup_hint
+    from haystack_osa_memory.mcp.client_config import client_config, render, setup_hint
 
     token = None
     if embed_token:

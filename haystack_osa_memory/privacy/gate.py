@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from haystack_osa_memory.redaction import CLASSES, RedactionResult, redact
+from haystack_osa_memory.privacy.redaction import CLASSES, RedactionResult, redact
 
 #: Redaction classes that are secrets (private addresses and user paths are redacted, not refused).
 SECRET_CLASSES = ("private_key", "jwt", "secret", "password")

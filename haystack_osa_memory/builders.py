@@ -23,7 +23,7 @@ from haystack_osa_memory.components import (
     ScopeMarkerWriter,
 )
 from haystack_osa_memory.config import MemoryConfig
-from haystack_osa_memory.redaction import CLASSES as REDACTION_CLASSES
+from haystack_osa_memory.privacy.redaction import CLASSES as REDACTION_CLASSES
 from haystack_osa_memory.store.facts import FACT_AUDIENCE
 from haystack_osa_memory.store.memory_store import MemoryStore
 

@@ -1,0 +1,1 @@
+"""Privacy: what is redacted (private addresses, user paths, e-mail, secrets) and what is refused."""
