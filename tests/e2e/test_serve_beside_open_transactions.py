@@ -5,7 +5,6 @@ and recalls within seconds, and the other transaction is not disturbed (the star
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from haystack_osa_memory import MemoryConfig
 from haystack_osa_memory.store.schema import ensure_schema
 from tests.conftest import drop_schema, new_schema_config
 from tests.e2e.conftest import Server, call
+from tests.integration.test_guest_database import Roles, fact_rows, still_holds_its_lock
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -52,12 +52,7 @@ def test_serve_starts_stores_and_recalls_while_the_team_holds_locks(
             assert ready < 45
         finally:
             server.stop()
-        held = other.execute(
-            "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND relation = to_regclass(%s)",
-            (f'"{config.kb_schema}"."{config.governing_table}"',),
-        ).fetchone()
-        assert held == (1,)
-        assert other.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        assert still_holds_its_lock(other, config)
         other.rollback()
 
 
@@ -65,25 +60,22 @@ def test_serve_runs_as_the_runtime_role_with_row_level_security(pg_conn_str: str
     """`serve` connected as a role with row rights only, on tables whose owner ran `init
     --runtime-role --row-level-security`: it starts, stores and recalls over MCP, scopes apart; the
     owner (held by FORCE) and any session without a scope see no fact."""
-    from psycopg.conninfo import make_conninfo
-
     from haystack_osa_memory.store.tokens import TokenStore
 
-    suffix = uuid.uuid4().hex[:8]
-    owner, runtime = f"own_{suffix}", f"rt_{suffix}"
+    roles = Roles(pg_conn_str)
+    roles.create()
     cfg = new_schema_config(pg_conn_str)
     with psycopg.connect(pg_conn_str, autocommit=True) as conn:
-        for role in (owner, runtime):
-            conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
         conn.execute(
-            sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(sql.Identifier(cfg.kb_schema), sql.Identifier(owner))
+            sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(
+                sql.Identifier(cfg.kb_schema), sql.Identifier(roles.names["owner"])
+            )
         )
-    owner_uri, runtime_uri = make_conninfo(pg_conn_str, user=owner), make_conninfo(pg_conn_str, user=runtime)
-    server = Server(cfg, runtime_uri, tmp_path / "serve.log")
+    server = Server(cfg, roles.uri("runtime"), tmp_path / "serve.log")
     try:
-        ensure_schema(owner_uri, cfg, runtime_role=runtime, row_level_security=True)
+        ensure_schema(roles.uri("owner"), cfg, runtime_role=roles.names["runtime"], row_level_security=True)
         server.start()
-        tokens = TokenStore(owner_uri, cfg)  # the owner issues tokens; the runtime role only reads them
+        tokens = TokenStore(roles.uri("owner"), cfg)  # the owner issues tokens; the runtime role only reads them
         alice = tokens.create(org_id="acme", assignment_id="asg-alice").token
         bob = tokens.create(org_id="acme", assignment_id="asg-bob").token
         failed, stored = call(server.url, alice, "kb_memory_store", {"fact": "Alice's build cache lives in s3 cache-a"})
@@ -94,20 +86,9 @@ def test_serve_runs_as_the_runtime_role_with_row_level_security(pg_conn_str: str
         failed, other = call(server.url, bob, "kb_memory_recall", {"query": "build cache"})
         assert not failed, other
         assert other["facts"] == []
-        names = cfg.sql_names()
-        with psycopg.connect(owner_uri) as conn:
-            facts = conn.execute(
-                sql.SQL("SELECT count(*) FROM {schema}.{gov} WHERE source = 'agent_fact'").format(**names)
-            ).fetchone()
-        assert facts == (0,)
-        with psycopg.connect(pg_conn_str) as conn:  # a superuser bypasses RLS: the fact is really there
-            facts = conn.execute(
-                sql.SQL("SELECT count(*) FROM {schema}.{gov} WHERE source = 'agent_fact'").format(**names)
-            ).fetchone()
-        assert facts == (1,)
+        assert fact_rows(roles.uri("owner"), cfg) == 0
+        assert fact_rows(pg_conn_str, cfg) == 1  # a superuser bypasses RLS: the fact is really there
     finally:
         server.stop()
         drop_schema(pg_conn_str, cfg.kb_schema)
-        with psycopg.connect(pg_conn_str, autocommit=True) as conn:
-            for role in (owner, runtime):
-                conn.execute(sql.SQL("DROP OWNED BY {0} CASCADE; DROP ROLE {0}").format(sql.Identifier(role)))
+        roles.drop()

@@ -199,12 +199,26 @@ def test_start_checks_the_version_and_changes_nothing(pg_conn_str: str, config: 
         memory = Memory(config.model_copy(update={"statement_timeout_ms": 3000}), use_default_embedders=False)
         memory.store("Reports lock nothing we need", caller=me)
         assert memory.recall("reports lock", caller=me)["facts"][0]["content"] == "Reports lock nothing we need"
-        held = other.execute(
-            "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND relation = to_regclass(%s)",
-            (f'"{config.kb_schema}"."{config.governing_table}"',),
+        assert still_holds_its_lock(other, config)
+
+
+def still_holds_its_lock(other: psycopg.Connection[Any], config: MemoryConfig) -> bool:
+    """Whether ``other`` is still inside its transaction, holding its lock on the governing table."""
+    held = other.execute(
+        "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND relation = to_regclass(%s)",
+        (f'"{config.kb_schema}"."{config.governing_table}"',),
+    ).fetchone()
+    return held == (1,) and other.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+
+
+def fact_rows(uri: str, config: MemoryConfig) -> int:
+    """Fact governing rows the role of ``uri`` can see."""
+    with psycopg.connect(uri) as conn:
+        row = conn.execute(
+            sql.SQL("SELECT count(*) FROM {schema}.{gov} WHERE source = 'agent_fact'").format(**config.sql_names())
         ).fetchone()
-        assert held == (1,)
-        assert other.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+    assert row is not None
+    return int(row[0])
 
 
 def test_init_gives_up_on_a_held_lock_instead_of_queueing_everyone(pg_conn_str: str, fresh: MemoryConfig) -> None:

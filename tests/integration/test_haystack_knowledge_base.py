@@ -62,15 +62,7 @@ class TeamKnowledgeBase:
         self.schema = "team_" + uuid.uuid4().hex[:10]
         with psycopg.connect(conn_str, autocommit=True) as conn:
             conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(self.schema)))
-        self.store = PgvectorDocumentStore(
-            connection_string=Secret.from_token(conn_str),
-            schema_name=self.schema,
-            table_name=TEAM_TABLE,
-            embedding_dimension=DIM,
-            search_strategy="hnsw",
-            hnsw_index_name=f"{self.schema}_hnsw",
-            keyword_index_name=f"{self.schema}_keyword",
-        )
+        self.store = self.document_store(conn_str, create_extension=True)
         self.indexing = Pipeline()
         self.indexing.add_component("writer", DocumentWriter(self.store, policy=DuplicatePolicy.OVERWRITE))
         self.config = MemoryConfig(
@@ -84,6 +76,19 @@ class TeamKnowledgeBase:
         names = self.config.sql_names()
         with psycopg.connect(conn_str, autocommit=True) as conn:  # the team's governing table, customer rows
             conn.execute(CREATE_GOVERNING_TABLE.format(schema=names["schema"], table=names["gov"]))
+
+    def document_store(self, conn_str: str, *, create_extension: bool = False) -> PgvectorDocumentStore:
+        """The team's `PgvectorDocumentStore` on their table, connecting with ``conn_str``."""
+        return PgvectorDocumentStore(
+            connection_string=Secret.from_token(conn_str),
+            schema_name=self.schema,
+            table_name=TEAM_TABLE,
+            embedding_dimension=DIM,
+            search_strategy="hnsw",
+            hnsw_index_name=f"{self.schema}_hnsw",
+            keyword_index_name=f"{self.schema}_keyword",
+            create_extension=create_extension,
+        )
 
     def index(self, docs: list[Document]) -> None:
         self.indexing.run({"writer": {"documents": docs}})
@@ -177,16 +182,7 @@ def test_memory_lives_beside_a_haystack_made_knowledge_base(team: TeamKnowledgeB
 
 
 def _team_hits(kb: TeamKnowledgeBase, conn_str: str, query: str, vector: list[float]) -> dict[str, Any]:
-    store = PgvectorDocumentStore(
-        connection_string=Secret.from_token(conn_str),
-        schema_name=kb.schema,
-        table_name=TEAM_TABLE,
-        embedding_dimension=DIM,
-        search_strategy="hnsw",
-        hnsw_index_name=f"{kb.schema}_hnsw",
-        keyword_index_name=f"{kb.schema}_keyword",
-        create_extension=False,
-    )
+    store = kb.document_store(conn_str)
     keyword = PgvectorKeywordRetriever(document_store=store, top_k=10).run(query=query)["documents"]
     vector_hits = PgvectorEmbeddingRetriever(document_store=store, top_k=10).run(query_embedding=vector)["documents"]
     return {"keyword": keyword, "embedding": vector_hits}
