@@ -216,13 +216,14 @@ def _lock_down(server: Any, registry: Any) -> list[str]:
     carry `structuredContent` (MCP 2025-06-18) beside the same JSON as text, for clients that predate it.
     """
     from hayhooks.server.utils.mcp_utils import run_pipeline_as_tool
-    from mcp.types import TextContent, Tool
+    from mcp.types import CallToolResult, TextContent, Tool
     from pydantic import ValidationError
 
     from haystack_osa_memory.tools import SPECS
 
     tools: dict[str, Tool] = {}
     models: dict[str, Any] = {}
+    results: dict[str, Any] = {}
     for name in registry.get_names():
         metadata = registry.get_metadata(name) or {}
         model = metadata.get("request_model")
@@ -236,15 +237,15 @@ def _lock_down(server: Any, registry: Any) -> list[str]:
             name=name, description=metadata.get("description", ""), inputSchema=schema, outputSchema=output
         )
         models[name] = model
+        if spec is not None:
+            results[name] = spec.Result
 
     @server.list_tools()  # type: ignore[untyped-decorator]
     async def list_tools() -> list[Tool]:
         return list(tools.values())
 
     @server.call_tool(validate_input=False)  # type: ignore[untyped-decorator]
-    async def call_tool(
-        name: str, arguments: dict[str, Any] | None
-    ) -> list[TextContent] | tuple[list[TextContent], dict[str, Any]]:
+    async def call_tool(name: str, arguments: dict[str, Any] | None) -> list[TextContent] | CallToolResult:
         if name not in tools:
             msg = f"Unknown tool '{name}'. Available tools: {sorted(tools)}"
             raise InvalidInputError(msg)
@@ -271,19 +272,22 @@ def _lock_down(server: Any, registry: Any) -> list[str]:
             logger.exception("tool %s failed", name)
             msg = f"{name} failed with an internal error ({type(e).__name__}); see the server log"
             raise RuntimeError(msg) from None
-        if tools[name].outputSchema is None:
+        if name not in results:
             return result
-        # Hayhooks sent the tool's dict as JSON text: the same object is the structured content, which the
-        # MCP SDK validates against the tool's outputSchema before answering.
+        # Hayhooks sent the tool's dict as JSON text: the same object is the structured content. It is
+        # checked against the tool's result model here, once compiled, and answered as a finished
+        # result: the MCP SDK would otherwise rebuild a JSON-schema validator on every call (3.8 ms for
+        # a recall of 8 facts, more than the recall itself).
         try:
             structured = json.loads(result[0].text) if len(result) == 1 else None
-        except ValueError:
-            structured = None
-        if not isinstance(structured, dict):
-            logger.error("tool %s returned no JSON object", name)
-            msg = f"{name} failed with an internal error (no structured result); see the server log"
-            raise RuntimeError(msg)
-        return result, structured
+            if not isinstance(structured, dict):
+                raise ValueError("not a JSON object")
+            results[name].model_validate(structured)
+        except ValueError as e:
+            logger.error("tool %s returned a result outside its outputSchema: %s", name, type(e).__name__)
+            msg = f"{name} failed with an internal error (result outside its outputSchema); see the server log"
+            raise RuntimeError(msg) from None
+        return CallToolResult(content=list(result), structuredContent=structured)
 
     return sorted(tools)
 
