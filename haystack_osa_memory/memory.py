@@ -25,7 +25,7 @@ from haystack_osa_memory.privacy.gate import redact_field, secret_classes
 from haystack_osa_memory.privacy.redaction import CLASSES as REDACTION_CLASSES
 from haystack_osa_memory.privacy.redaction import redact
 from haystack_osa_memory.reflect import ReflectReport, ReflectSettings, consolidate_scope
-from haystack_osa_memory.store.database import classify, resolve_connection_string
+from haystack_osa_memory.store.database import classify, fact_scope, resolve_connection_string
 from haystack_osa_memory.store.facts import FACT_SOURCE
 from haystack_osa_memory.store.lifecycle import (
     LISTABLE_STATUSES,
@@ -516,16 +516,18 @@ class Memory:
             out = redactor.run(documents=docs)
             return list(out["documents"]), int(out["redactions"])
 
-        return import_facts(
-            items,
-            redact=redact_batch,
-            redact_topic=self._redact_short,
-            document_id=lambda text: marked_fact(text, caller.org_id, caller.assignment_id, self.config.dataset)[2],
-            live_ids=lifecycle.live_ids,
-            write=lambda docs, status: self._write(docs, caller, status=status, action="import"),
-            batch_size=batch_size,
-            on_batch=on_batch,
-        )
+        # In the caller's scope: with row-level security on, `live_ids` sees only this scope's facts.
+        with fact_scope(caller.org_id, caller.assignment_id):
+            return import_facts(
+                items,
+                redact=redact_batch,
+                redact_topic=self._redact_short,
+                document_id=lambda text: marked_fact(text, caller.org_id, caller.assignment_id, self.config.dataset)[2],
+                live_ids=lifecycle.live_ids,
+                write=lambda docs, status: self._write(docs, caller, status=status, action="import"),
+                batch_size=batch_size,
+                on_batch=on_batch,
+            )
 
     def export(self, *, caller: Caller) -> Iterator[dict[str, Any]]:
         """Every live fact of the caller's scope, oldest first (see `transfer.export_line`)."""

