@@ -236,17 +236,23 @@ class DurableQueue:
             return [i for _, i in _parse(self.rejected_path) if i is not None]
 
     def _rewrite(self, lines: list[str]) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write("".join(line + "\n" for line in lines).encode("utf-8", errors="surrogateescape"))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        _fsync_dir(self.path.parent)
+        replace_atomically(self.path, "".join(line + "\n" for line in lines).encode("utf-8", errors="surrogateescape"))
+
+
+def replace_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` all at once: a unique temporary file (mode 0600) beside it, fsync'd,
+    renamed over it, and the folder fsync'd. A reader sees the old bytes or the new, never a mix."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
 
 
 # -- recall from the queue -------------------------------------------------------------------------

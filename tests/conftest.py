@@ -13,9 +13,10 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
-from haystack_osa_memory.store.database import scratch_database
+from haystack_osa_memory.store.database import close_pools, scratch_database
 from haystack_osa_memory.store.schema import ensure_schema
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,3 +97,54 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if os.environ.get("CI") and skipped:
         print(f"\nCI: {skipped} test(s) were skipped; every test must run in CI")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+class Roles:
+    """Three login roles of a team's database: the tables' owner (runs `init`), our runtime role (runs
+    `serve`) and a team pipeline's role (reads and writes customer documents)."""
+
+    def __init__(self, pg_conn_str: str) -> None:
+        suffix = uuid.uuid4().hex[:8]
+        self.admin = pg_conn_str
+        self.names = {"owner": f"own_{suffix}", "runtime": f"rt_{suffix}", "team": f"team_{suffix}"}
+
+    def uri(self, who: str) -> str:
+        return make_conninfo(self.admin, user=self.names[who])
+
+    def create(self) -> None:
+        with psycopg.connect(self.admin, autocommit=True) as conn:
+            for name in self.names.values():
+                conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+
+    def drop(self) -> None:
+        with psycopg.connect(self.admin, autocommit=True) as conn:
+            for name in self.names.values():
+                conn.execute(sql.SQL("DROP OWNED BY {0} CASCADE; DROP ROLE {0}").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def team_db(pg_conn_str: str) -> Iterator[tuple[Roles, MemoryConfig]]:
+    """A schema owned by a non-superuser owner, initialised by that owner, with the runtime role granted
+    and a team role allowed to read and write the chunk and governing tables."""
+    roles = Roles(pg_conn_str)
+    roles.create()
+    cfg = new_schema_config(pg_conn_str)
+    with psycopg.connect(pg_conn_str, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(
+                sql.Identifier(cfg.kb_schema), sql.Identifier(roles.names["owner"])
+            )
+        )
+    try:
+        ensure_schema(roles.uri("owner"), cfg, runtime_role=roles.names["runtime"])
+        names = {**cfg.sql_names(), "team": sql.Identifier(roles.names["team"])}
+        with psycopg.connect(roles.uri("owner"), autocommit=True) as conn:
+            conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {schema} TO {team}").format(**names))
+            conn.execute(
+                sql.SQL("GRANT SELECT, INSERT, UPDATE ON {schema}.{chunk}, {schema}.{gov} TO {team}").format(**names)
+            )
+        yield roles, cfg
+    finally:
+        close_pools()
+        drop_schema(pg_conn_str, cfg.kb_schema)
+        roles.drop()

@@ -41,7 +41,6 @@ import logging
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from datetime import UTC, datetime
@@ -60,7 +59,7 @@ from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import McpError
 
-from haystack_osa_memory.durable_queue import DurableQueue, rank
+from haystack_osa_memory.durable_queue import DurableQueue, rank, replace_atomically
 
 logger = logging.getLogger("haystack_osa_memory.mcp.stdio_bridge")  # also when run as __main__
 
@@ -258,16 +257,7 @@ class BridgeBuffer:
         """Replace the cache atomically (unique temporary file, fsync, rename): no lock needed."""
         self.queue.ensure_dir()
         body = json.dumps({"saved_at": datetime.now(UTC).isoformat(), "tools": tools}, ensure_ascii=False, indent=1)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.tools_path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(body)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.tools_path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        replace_atomically(self.tools_path, body.encode("utf-8"))
 
 
 # -- results -------------------------------------------------------------------------------------------

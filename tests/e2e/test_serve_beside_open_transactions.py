@@ -14,9 +14,9 @@ from psycopg import sql
 
 from haystack_osa_memory import MemoryConfig
 from haystack_osa_memory.store.schema import ensure_schema
-from tests.conftest import drop_schema, new_schema_config
+from tests.conftest import Roles, drop_schema, new_schema_config
 from tests.e2e.conftest import Server, call
-from tests.integration.test_guest_database import Roles, fact_rows, still_holds_its_lock
+from tests.integration.test_guest_database import fact_rows, still_holds_its_lock
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -56,24 +56,18 @@ def test_serve_starts_stores_and_recalls_while_the_team_holds_locks(
         other.rollback()
 
 
-def test_serve_runs_as_the_runtime_role_with_row_level_security(pg_conn_str: str, tmp_path: Path) -> None:
+def test_serve_runs_as_the_runtime_role_with_row_level_security(
+    team_db: tuple[Roles, MemoryConfig], pg_conn_str: str, tmp_path: Path
+) -> None:
     """`serve` connected as a role with row rights only, on tables whose owner ran `init
     --runtime-role --row-level-security`: it starts, stores and recalls over MCP, scopes apart; the
     owner (held by FORCE) and any session without a scope see no fact."""
     from haystack_osa_memory.store.tokens import TokenStore
 
-    roles = Roles(pg_conn_str)
-    roles.create()
-    cfg = new_schema_config(pg_conn_str)
-    with psycopg.connect(pg_conn_str, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(
-                sql.Identifier(cfg.kb_schema), sql.Identifier(roles.names["owner"])
-            )
-        )
+    roles, cfg = team_db
     server = Server(cfg, roles.uri("runtime"), tmp_path / "serve.log")
     try:
-        ensure_schema(roles.uri("owner"), cfg, runtime_role=roles.names["runtime"], row_level_security=True)
+        ensure_schema(roles.uri("owner"), cfg, row_level_security=True)
         server.start()
         tokens = TokenStore(roles.uri("owner"), cfg)  # the owner issues tokens; the runtime role only reads them
         alice = tokens.create(org_id="acme", assignment_id="asg-alice").token
@@ -90,5 +84,3 @@ def test_serve_runs_as_the_runtime_role_with_row_level_security(pg_conn_str: str
         assert fact_rows(pg_conn_str, cfg) == 1  # a superuser bypasses RLS: the fact is really there
     finally:
         server.stop()
-        drop_schema(pg_conn_str, cfg.kb_schema)
-        roles.drop()
