@@ -178,7 +178,7 @@ def init(
         out.print(f"granted  row rights to {runtime_role} (docs/operations.md)", highlight=False)
     if report.row_level_security:
         out.print("row-level security on: facts are visible only inside their scope", highlight=False)
-    else:
+    elif config.pg_conn_str:  # a team's database; the embedded default is ours alone
         err.print(f"note: {RLS_VISIBLE_WARNING}", highlight=False)
 
 
@@ -395,7 +395,7 @@ def status(data_dir: DataDir = None, as_json: JsonFlag = False) -> None:
         return
     for key, value in data.items():
         out.print(f"{key:>18}: {value}", highlight=False)
-    if not rls:
+    if not rls and config.pg_conn_str:
         err.print(f"note: {RLS_VISIBLE_WARNING}", highlight=False)
 
 

@@ -406,3 +406,50 @@ def test_import_under_row_level_security_skips_what_is_there(team_db: tuple[Role
     assert (first.stored, first.skipped_existing) == (3, 0)
     again = memory.import_items(items, caller=ALICE)
     assert (again.stored, again.skipped_existing) == (0, 3)
+
+
+def test_the_cli_reviews_applies_and_reports(pg_conn_str: str, fresh: MemoryConfig) -> None:
+    """`osa-memory init --dry-run` prints the reviewable script and changes nothing; `init` applies it and,
+    on a team's database, says that facts are visible without row-level security; `status` too."""
+    import os
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "PG_CONN_STR": pg_conn_str,
+        "OSA_MEMORY_KB_SCHEMA": fresh.kb_schema,
+        "OSA_MEMORY_SCHEMA": fresh.memory_schema,
+        "OSA_MEMORY_EMBEDDER": "none",
+    }
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "haystack_osa_memory.cli", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    review = cli("init", "--dry-run")
+    assert review.returncode == 0, review.stderr
+    assert f"-- TEAM TABLE {fresh.kb_schema}.{fresh.governing_table}: lock ACCESS EXCLUSIVE" in review.stdout
+    assert "-- migration 5: governing rows keep their storing order" in review.stdout
+    assert "CREATE INDEX CONCURRENTLY IF NOT EXISTS" in review.stdout
+    assert f"schema version None -> {SCHEMA_VERSION}" in review.stdout
+    assert _tables_in(pg_conn_str, fresh.kb_schema) == []
+    before = cli("status")
+    assert before.returncode == 1
+    assert "run `osa-memory init`" in before.stderr
+    applied = cli("init")
+    assert applied.returncode == 0, applied.stderr
+    assert "row-level security is off: facts are visible" in applied.stderr
+    status = cli("status")
+    assert status.returncode == 0, status.stderr
+    assert "row_level_security: False" in status.stdout
+    assert "row-level security is off" in status.stderr
+    on = cli("init", "--row-level-security")
+    assert on.returncode == 0, on.stderr
+    assert "row-level security on: facts are visible only inside their scope" in on.stdout
+    assert "row-level security is off" not in cli("status").stderr
