@@ -241,10 +241,9 @@ EMBEDDING_DIMENSION = sql.SQL(
 )
 TABLE_EXISTS = sql.SQL("SELECT to_regclass(%s) IS NOT NULL")
 ANALYZE = sql.SQL("ANALYZE {schema}.{table}")
-# Serialise concurrent `init` runs. Taken per migration (transaction-scoped) and, around the indexes
-# built outside a transaction, for the session.
+# Serialise concurrent `init` runs: a session lock held for the whole run (the indexes built
+# CONCURRENTLY run outside any transaction).
 INIT_LOCK_KEY = sql.SQL("hashtext('osa-memory-init')")
-INIT_XACT_LOCK = sql.SQL("SELECT pg_advisory_xact_lock({key})").format(key=INIT_LOCK_KEY)
 INIT_SESSION_LOCK = sql.SQL("SELECT pg_advisory_lock({key})").format(key=INIT_LOCK_KEY)
 INIT_SESSION_UNLOCK = sql.SQL("SELECT pg_advisory_unlock({key})").format(key=INIT_LOCK_KEY)
 # `init` waits at most this long for a table lock, then fails: waiting longer would queue every query
@@ -405,6 +404,8 @@ def _mem_schema_missing(conn: psycopg.Connection[Any], n: Names) -> bool:
 def _marker(n: Names) -> sql.Literal:
     return sql.Literal(MARKER_PREFIX)
 
+
+ANALYZE_GOVERNING = Step(lambda n: ANALYZE.format(schema=n.kb, table=n.gov), _gov, SHARE_UPDATE_EXCLUSIVE)
 
 #: Every schema version in order. `osa-memory init` applies those above the database's version, each
 #: in its own transaction (indexes on the team's tables are built CONCURRENTLY, just after it), then
@@ -914,19 +915,12 @@ def _run_init(
             with conn.transaction():
                 for step in steps:
                     conn.execute(step.build(n))
-    if report.applied:
-        # Statistics on the scope expression make the planner pick the btree (docs/traps.md).
-        analyze = Step(lambda n: ANALYZE.format(schema=n.kb, table=n.gov), _gov, SHARE_UPDATE_EXCLUSIVE)
-        report.steps += _plan(conn, n, None, "statistics for the planner", (analyze,))
-        conn.execute(analyze.build(n))
-    elif dry_run and any(s.version is not None for s in report.steps):
-        report.steps += _plan(
-            conn,
-            n,
-            None,
-            "statistics for the planner",
-            (Step(lambda n: ANALYZE.format(schema=n.kb, table=n.gov), _gov, SHARE_UPDATE_EXCLUSIVE),),
-        )
+    # Statistics on the scope expression make the planner pick the btree (docs/traps.md); only after
+    # a migration (or, in a dry run, when one is pending).
+    if report.applied or (dry_run and any(s.version is not None for s in report.steps)):
+        report.steps += _plan(conn, n, None, "statistics for the planner", (ANALYZE_GOVERNING,))
+        if not dry_run:
+            conn.execute(ANALYZE_GOVERNING.build(n))
     if not dry_run:
         report.version_after = max([version or 0, *report.applied])
         report.row_level_security = _exists(conn, config.kb_schema, config.governing_table) and _rls_on(conn, config)

@@ -5,7 +5,6 @@ and recalls within seconds, and the other transaction is not disturbed (the star
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -14,19 +13,11 @@ from psycopg import sql
 
 from haystack_osa_memory import MemoryConfig
 from haystack_osa_memory.store.schema import ensure_schema
-from tests.conftest import Roles, drop_schema, new_schema_config
+from tests.conftest import Roles
 from tests.e2e.conftest import Server, call
 from tests.integration.test_guest_database import fact_rows, still_holds_its_lock
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
-
-
-@pytest.fixture
-def config(pg_conn_str: str) -> Iterator[MemoryConfig]:
-    cfg = new_schema_config(pg_conn_str)
-    ensure_schema(pg_conn_str, cfg)
-    yield cfg
-    drop_schema(pg_conn_str, cfg.kb_schema)
 
 
 def test_serve_starts_stores_and_recalls_while_the_team_holds_locks(
