@@ -11,6 +11,8 @@ import numpy.typing as npt
 from haystack import component, default_to_dict
 from haystack.core.serialization import component_from_dict, component_to_dict, import_class_by_name
 
+from haystack_osa_memory.instruments import observe_embed_batch
+
 logger = logging.getLogger(__name__)
 
 
@@ -94,6 +96,7 @@ class GuardedTextEmbedder:
         self.warm_up()
         if self._warm_error:
             return {"embedding": None, "degraded": self._warm_error}
+        observe_embed_batch(1)  # one query per call; a batching embedder reports its batch size
         future = self._executor.submit(self.embedder.run, text=text)
         try:
             result = future.result(timeout=self.timeout)
