@@ -523,7 +523,7 @@ class Memory:
                 redact=redact_batch,
                 redact_topic=self._redact_short,
                 document_id=lambda text: marked_fact(text, caller.org_id, caller.assignment_id, self.config.dataset)[2],
-                live_ids=lifecycle.live_ids,
+                live_ids=lambda ids: lifecycle.live_ids(ids, caller.org_id),
                 write=lambda docs, status: self._write(docs, caller, status=status, action="import"),
                 batch_size=batch_size,
                 on_batch=on_batch,

@@ -103,7 +103,7 @@ class GoverningRowAclFilter:
             # Read inside the caller's scope when it names one (row-level security shows its facts);
             # without one, facts stay invisible and only other documents can be admitted.
             with fact_scope(org_id, assignment_id) if assignment_id is not None else nullcontext():
-                rows = self._repo.governing_rows(ids)
+                rows = self._repo.governing_rows(ids, org_id)
         except OsaMemoryError as e:
             msg = f"governing rows could not be read, no document admitted: {e}"
             raise AclLookupError(msg) from e

@@ -50,22 +50,26 @@ COUNT_VOTES = sql.SQL(
     (SELECT count(*) FROM {mem}.reads r WHERE r.document_id = %(document_id)s)
     FROM {mem}.feedback WHERE document_id = %(document_id)s"""
 )
+# Upserts take the time from the proposed row (its column default, now()) rather than calling now()
+# in DO UPDATE SET: the same value, and Citus accepts only immutable expressions there (docs/scaling.md).
 UPSERT_VOTE = sql.SQL(
     """INSERT INTO {mem}.feedback (document_id, run_id, verdict, note) VALUES (%s, %s, %s, %s)
     ON CONFLICT (document_id, run_id) DO UPDATE SET verdict = EXCLUDED.verdict, note = EXCLUDED.note,
-    updated_at = now()"""
+    updated_at = EXCLUDED.updated_at"""
 )
-SET_STATUS = sql.SQL("UPDATE {schema}.{gov} SET status = %s, updated_at = now() WHERE id = %s")
+# Statements on one fact by id name its org too: a knowledge base distributed by org (docs/scaling.md)
+# routes them to the org's shard instead of every shard.
+SET_STATUS = sql.SQL("UPDATE {schema}.{gov} SET status = %s, updated_at = now() WHERE id = %s AND org_id = %s")
 RETIRE = sql.SQL(
     """UPDATE {schema}.{gov} SET status = 'retired', updated_at = now(),
     metadata = metadata || jsonb_build_object('retired', jsonb_build_object('reason', %s::text, 'by', %s::text,
                                                                              'at', now()))
-    WHERE id = %s"""
+    WHERE id = %s AND org_id = %s"""
 )
 DELETE_CHUNKS = sql.SQL("DELETE FROM {schema}.{chunk} WHERE meta->>'document_id' = %s")
 DELETE_VOTES = sql.SQL("DELETE FROM {mem}.feedback WHERE document_id = %s")
 DELETE_READS = sql.SQL("DELETE FROM {mem}.reads WHERE document_id = %s")
-DELETE_TERMS = sql.SQL("DELETE FROM {schema}.osa_fact_terms WHERE document_id = %s")
+DELETE_TERMS = sql.SQL("DELETE FROM {schema}.osa_fact_terms WHERE document_id = %s AND org_id = %s")
 LIST_FACTS = sql.SQL(
     """SELECT g.id, g.status, g.title, g.metadata, g.created_at, g.updated_at, c.content
     FROM {schema}.{gov} g LEFT JOIN {schema}.{chunk} c ON c.meta->>'document_id' = g.id
@@ -87,12 +91,18 @@ REVIEW_LIST = sql.SQL(
       AND (%(assignment_id)s::text IS NULL OR g.metadata->>'assignment_id' = %(assignment_id)s::text)
     ORDER BY g.updated_at"""
 )
+# A reviewer names a fact by id alone: its org is looked up first (no lock), then the row is locked
+# by id and org, which a distributed knowledge base can route to one shard (it refuses a FOR UPDATE
+# that spans shards).
+FIND_FOR_REVIEW = sql.SQL("SELECT org_id FROM {schema}.{gov} WHERE id = %s AND source = %s")
 LOCK_FOR_REVIEW = sql.SQL(
-    "SELECT org_id, metadata->>'assignment_id', status FROM {schema}.{gov} WHERE id = %s AND source = %s FOR UPDATE"
+    """SELECT org_id, metadata->>'assignment_id', status FROM {schema}.{gov}
+    WHERE id = %s AND org_id = %s AND source = %s FOR UPDATE"""
 )
 SWITCH_OFF = sql.SQL(
     """INSERT INTO {mem}.switches (org_id, assignment_id, enabled, reason) VALUES (%s, %s, false, %s)
-    ON CONFLICT (org_id, assignment_id) DO UPDATE SET enabled = false, reason = EXCLUDED.reason, updated_at = now()"""
+    ON CONFLICT (org_id, assignment_id) DO UPDATE SET enabled = false, reason = EXCLUDED.reason,
+    updated_at = EXCLUDED.updated_at"""
 )
 SWITCH_ON = sql.SQL("DELETE FROM {mem}.switches WHERE org_id = %s AND assignment_id = %s")
 IS_OFF = sql.SQL(
@@ -127,18 +137,22 @@ REFLECT_CANDIDATES = sql.SQL(
 MARK_CONSOLIDATED = sql.SQL(
     """UPDATE {schema}.{gov} SET status = 'consolidated', updated_at = now(),
     metadata = metadata || jsonb_build_object('consolidated_into', %s::text)
-    WHERE id = %s AND status = 'approved'"""
+    WHERE id = %s AND org_id = %s AND status = 'approved'"""
 )
 SET_EVIDENCE = sql.SQL(
     """UPDATE {schema}.{gov} SET updated_at = now(),
-    metadata = metadata || jsonb_build_object('evidence', %s::jsonb, 'count', %s::int) WHERE id = %s"""
+    metadata = metadata || jsonb_build_object('evidence', %s::jsonb, 'count', %s::int)
+    WHERE id = %s AND org_id = %s"""
 )
 REFLECT_SCOPES = sql.SQL(
     """SELECT DISTINCT org_id, metadata->>'assignment_id' FROM {schema}.{gov}
     WHERE source = %s AND status = 'approved' ORDER BY 1, 2"""
 )
 
-LIVE_IDS = sql.SQL("SELECT id FROM {schema}.{gov} WHERE id = ANY(%s) AND status <> 'retired'")
+LIVE_IDS = sql.SQL(
+    """SELECT id FROM {schema}.{gov} WHERE id = ANY(%(ids)s) AND status <> 'retired'
+      AND (%(org_id)s::text IS NULL OR org_id = %(org_id)s::text)"""
+)
 EXPORT_ROWS = sql.SQL(
     """SELECT g.id, g.status, g.metadata, g.created_at, c.content
     FROM {schema}.{gov} g JOIN {schema}.{chunk} c ON c.meta->>'document_id' = g.id
@@ -169,6 +183,7 @@ _STATEMENTS: dict[str, sql.SQL] = {
     "LIST_FACTS": LIST_FACTS,
     "SCOPE_CONTENTS": SCOPE_CONTENTS,
     "REVIEW_LIST": REVIEW_LIST,
+    "FIND_FOR_REVIEW": FIND_FOR_REVIEW,
     "LOCK_FOR_REVIEW": LOCK_FOR_REVIEW,
     "SWITCH_OFF": SWITCH_OFF,
     "SWITCH_ON": SWITCH_ON,
@@ -343,7 +358,7 @@ class LifecycleRepository:
             if status in (APPROVED, FLAGGED):
                 new_status = FLAGGED if trust < floor else APPROVED
             if new_status != status:
-                conn.execute(self._q["SET_STATUS"], (new_status, document_id))
+                conn.execute(self._q["SET_STATUS"], (new_status, document_id, scope.org_id))
             self._audit(
                 conn,
                 actor=actor,
@@ -370,11 +385,11 @@ class LifecycleRepository:
             row = conn.execute(self._q["LOCK_FACT"], self._params(scope, document_id)).fetchone()
             if row is None:
                 return False
-            conn.execute(self._q["RETIRE"], (reason, actor, document_id))
+            conn.execute(self._q["RETIRE"], (reason, actor, document_id, scope.org_id))
             conn.execute(self._q["DELETE_CHUNKS"], (document_id,))
             conn.execute(self._q["DELETE_VOTES"], (document_id,))
             conn.execute(self._q["DELETE_READS"], (document_id,))
-            conn.execute(self._q["DELETE_TERMS"], (document_id,))
+            conn.execute(self._q["DELETE_TERMS"], (document_id, scope.org_id))
             self._audit(
                 conn,
                 actor=actor,
@@ -460,10 +475,10 @@ class LifecycleRepository:
     ) -> int:
         """Link ``evidence`` to the observation and retire ``merged`` raw facts from recall; one transaction."""
         with transaction(self.conn_str, self.config) as conn:
-            conn.execute(self._q["SET_EVIDENCE"], (json.dumps(evidence), len(evidence), observation_id))
+            conn.execute(self._q["SET_EVIDENCE"], (json.dumps(evidence), len(evidence), observation_id, scope.org_id))
             retired = 0
             for doc_id in merged:
-                retired += conn.execute(self._q["MARK_CONSOLIDATED"], (observation_id, doc_id)).rowcount
+                retired += conn.execute(self._q["MARK_CONSOLIDATED"], (observation_id, doc_id, scope.org_id)).rowcount
             self._audit(
                 conn,
                 actor=actor,
@@ -482,10 +497,12 @@ class LifecycleRepository:
         return [Scope(r[0], r[1]) for r in rows if r[1]]
 
     # -- import / export --------------------------------------------------------------------------
-    def live_ids(self, document_ids: list[str]) -> set[str]:
-        """Which of these ids already exist (and are not retired)."""
+    def live_ids(self, document_ids: list[str], org_id: str | None = None) -> set[str]:
+        """Which of these ids already exist (and are not retired); only in ``org_id`` when given (ids
+        derive from the org, so the answer is the same, but a distributed knowledge base then reads
+        one shard instead of all)."""
         with transaction(self.conn_str, self.config) as conn:
-            rows = conn.execute(self._q["LIVE_IDS"], (document_ids,)).fetchall()
+            rows = conn.execute(self._q["LIVE_IDS"], {"ids": document_ids, "org_id": org_id}).fetchall()
         return {r[0] for r in rows}
 
     @_scoped
@@ -519,13 +536,16 @@ class LifecycleRepository:
         """Accept (-> approved) or reject (-> rejected) a proposed or flagged fact; the note is redacted."""
         note = self._redact(note)
         with transaction(self.conn_str, self.config) as conn:
-            row = conn.execute(self._q["LOCK_FOR_REVIEW"], (document_id, FACT_SOURCE)).fetchone()
+            found = conn.execute(self._q["FIND_FOR_REVIEW"], (document_id, FACT_SOURCE)).fetchone()
+            row = None
+            if found is not None:
+                row = conn.execute(self._q["LOCK_FOR_REVIEW"], (document_id, found[0], FACT_SOURCE)).fetchone()
             if row is None or row[2] not in (PROPOSED, FLAGGED):
                 msg = f"no proposed or flagged fact with id {document_id}: see `osa-memory review list`"
                 raise InvalidInputError(msg)
             org_id, assignment_id, status = row
             new_status = APPROVED if accept else REJECTED
-            conn.execute(self._q["SET_STATUS"], (new_status, document_id))
+            conn.execute(self._q["SET_STATUS"], (new_status, document_id, org_id))
             self._audit(
                 conn,
                 actor=actor,

@@ -342,7 +342,7 @@ def kb(pg_conn_str: str) -> Iterator[ScaledKb]:
 def _assert_in_scope(kb: ScaledKb, document_ids: list[str]) -> None:
     """Every id is one of the target facts, and its governing row is the target scope's."""
     assert set(document_ids) <= kb.target_ids, "a document outside the 30 target facts was returned"
-    rows = kb.repo.governing_rows(document_ids)
+    rows = kb.repo.governing_rows(document_ids, TARGET.org_id)
     assert set(rows) == set(document_ids)
     for row in rows.values():
         assert (row.org_id, row.assignment_id, row.audience) == (TARGET.org_id, TARGET.assignment_id, FACT_AUDIENCE)
