@@ -127,12 +127,27 @@ def term_counts(terms: Sequence[bytes | None], query_terms: Sequence[int]) -> Fl
     return f
 
 
+@dataclass(frozen=True)
+class ScopeStats:
+    """What BM25 needs of a whole scope when only part of it is ranked (the big-scope path).
+
+    ``facts``: the scope's facts; ``mean_dl``: their mean length in lexemes; ``df``: per query term (in
+    ``query_terms`` order, repeats removed), how many of the scope's facts hold it."""
+
+    facts: int
+    mean_dl: float
+    df: Sequence[float]
+
+
 def rank_scope(
     cos: Sequence[float],
     dl: Sequence[float],
     terms: Sequence[bytes | None],
     query_terms: Sequence[int],
     params: RankingParams,
+    *,
+    stats: ScopeStats | None = None,
+    scored: Sequence[bool] | None = None,
 ) -> list[RankedFact]:
     """The scope's facts that are within ``params.k`` on the lexical, vector or fused ranking.
 
@@ -142,16 +157,23 @@ def rank_scope(
     :param dl: length of the fact in lexemes.
     :param terms: the fact's lexemes, packed (`TERM_CODE`; ``None`` or empty: none).
     :param query_terms: the hashes of the query's distinct lexemes (a repeated hash counts once).
+    :param stats: the whole scope's statistics, when the columns hold only part of it (candidates and
+        their neighbours in storing order); without it the columns are the whole scope.
+    :param scored: which rows may be returned (the candidates; their neighbours only lend their context);
+        all by default.
     :returns: the selected facts, in storing order.
     :raises ValueError: the columns differ in length, or a packed value is malformed.
     """
     n = len(cos)
-    if not len(dl) == len(terms) == n:
+    if not len(dl) == len(terms) == n or (scored is not None and len(scored) != n):
         msg = f"every column needs one entry per fact: {n} cos, {len(dl)} dl, {len(terms)} terms"
         raise ValueError(msg)
     if n == 0:
         return []
     query_terms = list(dict.fromkeys(query_terms))
+    if stats is not None and len(stats.df) != len(query_terms):
+        msg = f"stats.df needs one count per distinct query term ({len(query_terms)}), got {len(stats.df)}"
+        raise ValueError(msg)
     w = params.window
     cosine: Floats = np.asarray(cos, dtype=np.float64)
     length: Floats = np.asarray(dl, dtype=np.float64)
@@ -166,14 +188,28 @@ def rank_scope(
         tf = f + params.lex_ctx * (_window_sum(f, w) - f) if params.lex_ctx > 0 and w > 0 else f
         present = tf > 0
         if present.any():
-            df = present.sum(axis=0).astype(np.float64)
-            idf = np.log(1 + (n - df + 0.5) / (df + 0.5))
-            avgdl = max(float(cdl.mean()), 1.0)
+            if stats is None:
+                df = present.sum(axis=0).astype(np.float64)
+                idf = np.log(1 + (n - df + 0.5) / (df + 0.5))
+                avgdl = max(float(cdl.mean()), 1.0)
+            else:
+                # A fact "has" a term when it or a neighbour holds it (what the exact path counts): with
+                # holders spread at random, 1 - (1 - p)^(2w + 1) of the facts, p the share holding it. The
+                # mean context length of an interior fact is dl * (1 + 2w * lex_ctx).
+                spread = 2 * w + 1 if params.lex_ctx > 0 else 1
+                share = np.clip(np.asarray(stats.df, dtype=np.float64) / max(stats.facts, 1), 0.0, 1.0)
+                df = stats.facts * (1 - (1 - share) ** spread)
+                idf = np.log(1 + (stats.facts - df + 0.5) / (df + 0.5))
+                avgdl = max(stats.mean_dl * (1 + params.lex_ctx * (spread - 1)), 1.0)
             norm = params.k1 * (1 - params.b + params.b * cdl / avgdl)
             contrib = np.where(present, idf * tf * (params.k1 + 1) / (tf + norm[:, None]), 0.0)
             has_lex = present.any(axis=1)
             lexical = np.where(has_lex, contrib.sum(axis=1), np.nan)
 
+    if scored is not None:
+        allowed = np.asarray(scored, dtype=bool)
+        lexical = np.where(allowed, lexical, np.nan)
+        vector = np.where(allowed, vector, np.nan)
     has_lex = ~np.isnan(lexical)
     has_vec = ~np.isnan(vector)
     kept = has_lex | has_vec

@@ -19,8 +19,8 @@ from psycopg import sql
 from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.errors import DatabaseError, SchemaError
 from haystack_osa_memory.markers import MARKER_PREFIX, MARKER_SUFFIX
-from haystack_osa_memory.store.database import connection_kwargs
-from haystack_osa_memory.store.facts import FACT_SOURCE, lexeme_stats
+from haystack_osa_memory.store.database import connection_kwargs, note_row_level_security
+from haystack_osa_memory.store.facts import FACT_SOURCE, lexeme_stats, term_keys_of
 
 CREATE_EXTENSION = sql.SQL("CREATE EXTENSION IF NOT EXISTS vector")
 CREATE_SCHEMA = sql.SQL("CREATE SCHEMA IF NOT EXISTS {schema}")
@@ -188,6 +188,31 @@ ADD_TERMS_SCOPE = sql.SQL(
 BACKFILL_TERMS_SCOPE = sql.SQL(
     """UPDATE {schema}.osa_fact_terms t SET org_id = g.org_id, assignment_id = g.metadata->>'assignment_id'
     FROM {schema}.{gov} g WHERE g.id = t.document_id AND t.org_id IS NULL"""
+)
+# Version 10: candidates for recall in big scopes come from indexes that carry the scope
+# (`haystack_osa_memory.store.facts`, BIG_SCOPE_*): the fact's storing order (a copy of its governing
+# row's seq, for the neighbours of the context window) and its lexemes salted with its scope
+# (`TERM_KEY`), so that a GIN posting list holds one scope's facts only. Rows written before are filled.
+ADD_TERMS_CANDIDATE_COLUMNS = sql.SQL(
+    """ALTER TABLE {schema}.osa_fact_terms ADD COLUMN IF NOT EXISTS seq BIGINT,
+    ADD COLUMN IF NOT EXISTS term_keys BIGINT[]"""
+)
+BACKFILL_TERMS_CANDIDATE_COLUMNS = sql.SQL(
+    """UPDATE {schema}.osa_fact_terms t SET seq = g.seq, term_keys = ({term_keys})
+    FROM {schema}.{gov} g WHERE g.id = t.document_id AND (t.seq IS NULL OR t.term_keys IS NULL)"""
+)
+CREATE_TERMS_SCOPE_INDEX = sql.SQL(
+    """CREATE INDEX CONCURRENTLY IF NOT EXISTS osa_fact_terms_scope_seq_idx
+    ON {schema}.osa_fact_terms (org_id, assignment_id, seq) INCLUDE (dl)"""
+)
+CREATE_TERMS_KEYS_INDEX = sql.SQL(
+    "CREATE INDEX CONCURRENTLY IF NOT EXISTS osa_fact_terms_keys_idx ON {schema}.osa_fact_terms USING gin (term_keys)"
+)
+# The vector column is untyped (`vector`), so the index is on the cast to the configured dimension;
+# recall orders by the same expression.
+CREATE_TERMS_VECTOR_INDEX = sql.SQL(
+    """CREATE INDEX CONCURRENTLY IF NOT EXISTS osa_fact_terms_embedding_idx ON {schema}.osa_fact_terms
+    USING hnsw ((embedding::vector({dimension})) vector_cosine_ops)"""
 )
 # A fact's row in osa_fact_terms is dropped when other tools change or delete its chunk (content or
 # vector), so recall falls back to reading the chunk. Our own write changes both in one statement;
@@ -544,6 +569,43 @@ MIGRATIONS: tuple[Migration, ...] = (
             ),
         ),
     ),
+    Migration(
+        10,
+        "big scopes: osa_fact_terms carries storing order and scope-salted lexemes, with a scope, a GIN and a "
+        "vector index (candidates for recall when a scope holds thousands of facts)",
+        (
+            Step(lambda n: ADD_TERMS_CANDIDATE_COLUMNS.format(schema=n.kb), _terms, ACCESS_EXCLUSIVE),
+            Step(
+                lambda n: BACKFILL_TERMS_CANDIDATE_COLUMNS.format(
+                    schema=n.kb,
+                    gov=n.gov,
+                    term_keys=term_keys_of(sql.SQL("t.terms"), sql.SQL("t.org_id"), sql.SQL("t.assignment_id")),
+                ),
+                _terms,
+                ROW_EXCLUSIVE + "; reads the governing table",
+            ),
+            Step(
+                lambda n: CREATE_TERMS_SCOPE_INDEX.format(schema=n.kb),
+                _terms,
+                SHARE_UPDATE_EXCLUSIVE,
+                in_transaction=False,
+            ),
+            Step(
+                lambda n: CREATE_TERMS_KEYS_INDEX.format(schema=n.kb),
+                _terms,
+                SHARE_UPDATE_EXCLUSIVE,
+                in_transaction=False,
+            ),
+            Step(
+                lambda n: CREATE_TERMS_VECTOR_INDEX.format(
+                    schema=n.kb, dimension=sql.Literal(n.config.embedding_dimension)
+                ),
+                _terms,
+                SHARE_UPDATE_EXCLUSIVE,
+                in_transaction=False,
+            ),
+        ),
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
@@ -843,6 +905,8 @@ def ensure_schema(
             conn.execute(SET_LOCK_TIMEOUT.format(ms=sql.Literal(int(lock_timeout_ms))))
             if not dry_run:
                 conn.execute(INIT_SESSION_LOCK)
+            # Until the next check, sessions set their scope again (row-level security may now be on).
+            note_row_level_security(conn_str, config.kb_schema, True)
             try:
                 _run_init(conn, config, report, row_level_security, runtime_role, target_version)
             finally:
@@ -973,7 +1037,9 @@ def check_schema(conn_str: str, config: MemoryConfig) -> SchemaState:
                     f"{config.chunk_table} (was the table recreated?): {INIT_HINT}"
                 )
                 raise SchemaError(msg)
-            return SchemaState(version, _rls_on(conn, config))
+            state = SchemaState(version, _rls_on(conn, config))
+            note_row_level_security(conn_str, config.kb_schema, state.row_level_security)
+            return state
     except psycopg.Error as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         msg = f"could not read the memory schema: {type(e).__name__}: {first}"

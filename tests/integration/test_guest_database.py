@@ -352,8 +352,10 @@ def test_rls_holds_when_our_scope_condition_is_broken(team_db: tuple[Roles, Memo
         "WHERE g.org_id = %(org_id)s\n      AND g.audience = ANY(%(audiences)s)\n"
         "      AND g.status = ANY(%(statuses)s)\n      AND g.metadata->>'assignment_id' = %(assignment_id)s"
     )
+    recall_row_org = "AND t.org_id = %(org_id)s"
     assert scope_where in statement
-    broken = statement.replace(scope_where, "WHERE true")
+    assert recall_row_org in statement
+    broken = statement.replace(scope_where, "WHERE true").replace(recall_row_org, "")
     params = {"language": "english", "embedding": None, "lexemes": ["ledger"]}
 
     def ids(uri: str, caller: Caller | None) -> set[str]:
