@@ -185,6 +185,22 @@ def init(
 app.command("upgrade", help="Alias of init.")(init)
 
 
+def _serve_metrics(host: str, metrics_port: int | None, port: int, config: MemoryConfig) -> Any:
+    """`serve --metrics-port`: the Prometheus endpoint (haystack_osa_memory.mcp.metrics), or None when off."""
+    if metrics_port is None:
+        return None
+    if metrics_port == port:
+        _fail(f"--metrics-port {metrics_port} is also the MCP port; choose another port for the metrics")
+    from haystack_osa_memory.mcp.metrics import serve_metrics
+
+    try:
+        endpoint = serve_metrics(host, metrics_port, config.offline_buffer_path)
+    except OSError as e:
+        _fail(f"could not serve metrics on {host}:{metrics_port}: {e.strerror or e} (choose another --metrics-port)")
+    err.print(f"Prometheus metrics on {endpoint.url}", highlight=False)
+    return endpoint
+
+
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
@@ -192,6 +208,14 @@ def serve(
     pipelines_dir: Annotated[Path | None, typer.Option(help="Folder of pipeline wrappers (default: ours).")] = None,
     data_dir: DataDir = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(help="Serve Prometheus metrics here at /metrics (same host; off by default).", min=1, max=65535),
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(min=1, max=64, help="Worker processes (default: one per CPU, at most 4); 1: this process."),
+    ] = None,
 ) -> None:
     """Serve the memory tools over MCP (streamable HTTP at /mcp) behind bearer-token auth.
 
@@ -202,21 +226,45 @@ def serve(
 
     import uvicorn
 
-    from haystack_osa_memory.mcp.server import CachingVerifier, create_app, exit_on_sigterm, install_log_scrubbing
+    from haystack_osa_memory.mcp.server import (
+        PIPELINES_DIR_ENV,
+        CachingVerifier,
+        create_app,
+        default_workers,
+        exit_on_sigterm,
+        install_log_scrubbing,
+    )
     from haystack_osa_memory.store.database import stop_embedded
     from haystack_osa_memory.store.schema import check_schema
     from haystack_osa_memory.store.tokens import TokenStore
 
     exit_on_sigterm()  # before the database starts: a SIGTERM at any point must still stop it
+    metrics_endpoint = None
     try:
         config = _config(data_dir)
+        # Before the app loads or any worker starts: they inherit the metrics folder it exports.
+        metrics_endpoint = _serve_metrics(host, metrics_port, port, config)
         conn = _connect(config)
+        processes = workers or default_workers()
+        where = "PG_CONN_STR" if config.pg_conn_str else f"embedded PostgreSQL in {config.data_dir}"
+        if processes > 1:
+            # Each worker loads the tools itself (uvicorn app factory), reading the settings, the
+            # exported PG_CONN_STR and the pipelines folder from the environment.
+            if pipelines_dir is not None:
+                os.environ[PIPELINES_DIR_ENV] = str(pipelines_dir.resolve())
+            err.print(
+                f"osa-memory MCP server on http://{host}:{port}/mcp ({processes} workers; data: {where})",
+                highlight=False,
+            )
+            if config.pg_conn_str and not check_schema(conn, config).row_level_security:
+                err.print(f"note: {RLS_VISIBLE_WARNING}", highlight=False)
+            _serve_workers(host, port, log_level, processes)
+            return
         tokens = TokenStore(conn, config)
         try:
             asgi = create_app(CachingVerifier(tokens.verify, config.offline_grace), pipelines_dir)
         except Exception as e:
             _fail(f"the MCP tools could not be loaded: {type(e).__name__}: {e}")
-        where = "PG_CONN_STR" if config.pg_conn_str else f"embedded PostgreSQL in {config.data_dir}"
         err.print(f"osa-memory MCP server on http://{host}:{port}/mcp (data: {where})", highlight=False)
         if config.pg_conn_str and not check_schema(conn, config).row_level_security:
             err.print(f"note: {RLS_VISIBLE_WARNING}", highlight=False)
@@ -228,7 +276,49 @@ def serve(
         if not server.started:
             raise typer.Exit(3)  # as uvicorn.run: the server could not start (port in use, ...)
     finally:
+        if metrics_endpoint is not None:
+            metrics_endpoint.close()
         stop_embedded()
+
+
+def _serve_workers(host: str, port: int, log_level: str, processes: int) -> None:
+    """uvicorn's supervisor: ``processes`` workers on one listening socket (the kernel spreads the
+    connections); a dead worker is replaced, one that cannot load the tools stops the server (exit 3)."""
+    import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
+    from uvicorn.supervisors import Multiprocess
+
+    # The CPUs shared out between the workers' embedders (torch would give each one thread per CPU,
+    # and workers embedding at once would then fight over the same cores).
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))
+    config = uvicorn.Config(
+        "haystack_osa_memory.mcp.server:worker_app",
+        factory=True,
+        host=host,
+        port=port,
+        log_level=log_level,
+        workers=processes,
+    )
+    try:
+        sock = config.bind_socket()
+    except SystemExit:
+        raise typer.Exit(3) from None  # the address is taken (uvicorn logged it)
+    class Supervisor(Multiprocess):
+        terminated = False
+
+        def handle_term(self) -> None:
+            self.terminated = True
+            super().handle_term()
+
+    supervisor = Supervisor(config, sockets=[sock])
+    try:
+        supervisor.run()
+    finally:
+        sock.close()
+    if any(p.process.exitcode == STARTUP_FAILURE for p in supervisor.processes):
+        raise typer.Exit(3)
+    if supervisor.terminated:
+        raise SystemExit(143)  # as with one process: SIGTERM ends with 128 + 15 (Ctrl-C with 0)
 
 
 @token_app.command("create")

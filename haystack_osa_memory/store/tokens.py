@@ -17,7 +17,7 @@ from haystack_osa_memory.caller import Caller
 from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.errors import AuthenticationError, InvalidInputError
 from haystack_osa_memory.markers import check_identifier
-from haystack_osa_memory.store.database import transaction
+from haystack_osa_memory.store.database import read, transaction
 
 TOKEN_PREFIX = "osam_"  # noqa: S105 - a public prefix, not a secret
 _TOKEN = re.compile(r"^osam_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$")
@@ -137,7 +137,7 @@ class TokenStore:
         if not match:
             raise denied
         token_id, secret = match.groups()
-        with transaction(self.conn_str, self.config) as conn:
+        with read(self.conn_str, self.config) as conn:  # one statement: no BEGIN/COMMIT round trips
             row = conn.execute(self._select, (token_id,)).fetchone()
         if row is None:
             raise denied

@@ -1,0 +1,479 @@
+"""Many agents at once: a real ``osa-memory serve`` driven by N concurrent official MCP clients.
+
+Usage::
+
+    python benchmarks/load.py --clients 32 --assignments 16 --facts 200
+    python benchmarks/load.py --sweep 1,4,16,32,64 --assignments 16 --facts 200 --plot load.png --json load.json
+
+What it does, in one run:
+
+1. a database (``PG_CONN_STR``, else a throwaway embedded PostgreSQL), a fresh schema (``init``);
+2. ``--facts`` facts per assignment for ``--assignments`` assignments, through the product's import
+   path (each fact names its assignment's tag word, so an answer from another scope is recognised);
+3. ``osa-memory serve`` in its own process (``--workers`` passed on; default configuration otherwise:
+   hybrid recall with the bundled MiniLM unless ``--embedder none``);
+4. for each client count: ``--clients`` official MCP client sessions (streamable HTTP, one bearer
+   token per assignment, client ``i`` on assignment ``i % assignments``), opened before the clock
+   starts and spread over ``--client-processes`` processes; each calls ``kb_memory_recall`` in a loop
+   for ``--duration`` seconds, then ``kb_memory_store`` (a new fact per call) for as long.
+
+Printed per phase: calls/s, latency p50/p95/p99 (client side, per call), errors, cross-scope results
+(a recalled fact that does not carry the caller's tag word, or carries another's) and the server's
+memory (RSS summed over the ``serve`` process and its workers, peak of 2 samples/s; PostgreSQL apart).
+The clients run on the same machine as the server: their CPU time is printed too, since on a 2-core
+machine it is taken from the server's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import psutil
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from haystack_osa_memory import Caller, Memory, MemoryConfig
+from haystack_osa_memory.store.database import scratch_database
+from haystack_osa_memory.store.schema import ensure_schema
+from haystack_osa_memory.store.tokens import TokenStore
+from haystack_osa_memory.transfer import ImportItem
+
+console = Console(width=None if sys.stdout.isatty() else 150)  # the whole table in logs and pipes
+OSA_MEMORY = [sys.executable, "-m", "haystack_osa_memory.cli"]
+START_TIMEOUT_S = 180.0
+
+SUBJECTS = ["staging", "billing", "search", "ingest", "auth", "reports", "mobile", "gateway", "scheduler", "ledger"]
+THINGS = ["VPN profile", "cache bucket", "deploy window", "feature flag", "runbook", "on-call rota", "db replica"]
+VERBS = ["uses", "needs", "moved to", "depends on", "is pinned to", "was switched to"]
+
+
+def tag(assignment: int) -> str:
+    """The word every fact of assignment ``assignment`` carries (and no other assignment's does)."""
+    return f"zq{assignment:03d}tag"
+
+
+def fact_text(assignment: int, n: int, rnd: random.Random) -> str:
+    subject, thing, verb = rnd.choice(SUBJECTS), rnd.choice(THINGS), rnd.choice(VERBS)
+    return f"{tag(assignment)}: {subject} {thing} {verb} value-{rnd.randrange(10**6)} (note {n})"
+
+
+def query_text(assignment: int, rnd: random.Random) -> str:
+    return f"{tag(assignment)} which {rnd.choice(THINGS)} does {rnd.choice(SUBJECTS)} use?"
+
+
+@dataclass
+class PhaseResult:
+    phase: str
+    clients: int
+    seconds: float
+    calls: int
+    per_second: float
+    latency_ms: dict[str, float]
+    errors: int
+    error_kinds: dict[str, int]
+    cross_scope: int
+    server_rss_mib: float
+    client_cpu_s: float
+
+
+@dataclass
+class Report:
+    machine: dict[str, Any]
+    params: dict[str, Any]
+    started_at: str
+    results: list[PhaseResult] = field(default_factory=list)
+
+
+def machine_info() -> dict[str, Any]:
+    model = platform.processor() or platform.machine()
+    with suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpu_model": model,
+        "cores": os.cpu_count(),
+        "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def percentiles(seconds: list[float]) -> dict[str, float]:
+    if not seconds:
+        return {"p50": 0.0, "p95": 0.0, "p99": 0.0, "mean": 0.0}
+    ms = np.asarray(seconds) * 1000
+    return {q: round(float(np.percentile(ms, int(q[1:]))), 1) for q in ("p50", "p95", "p99")} | {
+        "mean": round(float(ms.mean()), 1)
+    }
+
+
+# -- the clients (run in their own processes) ----------------------------------------------------
+
+
+async def _client(
+    url: str, token: str, assignment: int, assignments: int, phase: str, start_at: float, stop_at: float, seed: int
+) -> dict[str, Any]:
+    rnd = random.Random(seed)
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    cross = 0
+    own = tag(assignment)
+    others = {tag(a) for a in range(assignments)} - {own}
+    async with (
+        httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120) as http,
+        streamable_http_client(url, http_client=http) as (read, write, _),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        await session.list_tools()  # call_tool would list them on the first call: untimed here
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        n = 0
+        while time.time() < stop_at:
+            n += 1
+            if phase == "recall":
+                tool, arguments = "kb_memory_recall", {"query": query_text(assignment, rnd), "limit": 8}
+            else:
+                tool, arguments = "kb_memory_store", {"fact": fact_text(assignment, seed * 10**6 + n, rnd)}
+            began = time.perf_counter()
+            try:
+                result = await session.call_tool(tool, arguments)
+            except Exception as e:  # a broken session counts, and the client goes on
+                errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
+                continue
+            latencies.append(time.perf_counter() - began)
+            if result.isError:
+                text = "".join(getattr(c, "text", "") for c in result.content)[:60]
+                errors[text] = errors.get(text, 0) + 1
+                continue
+            if phase == "recall":
+                data = result.structuredContent or {}
+                for fact in data.get("facts", []):
+                    content = fact.get("content", "")
+                    if own not in content or any(t in content for t in others):
+                        cross += 1
+    return {"latencies": latencies, "errors": errors, "cross": cross}
+
+
+def _client_process(
+    jobs: list[tuple[str, str, int]], assignments: int, phase: str, start_at: float, stop_at: float, out: Any
+) -> None:
+    cpu_at_start: list[float] = []
+
+    async def main() -> list[Any]:
+        async def clock() -> None:  # the processes' CPU from the common start on (imports and session set-up apart)
+            await asyncio.sleep(max(0.0, start_at - time.time()))
+            usage = psutil.Process().cpu_times()
+            cpu_at_start.append(usage.user + usage.system)
+
+        return await asyncio.gather(
+            clock(),
+            *(
+                _client(url, token, assignment, assignments, phase, start_at, stop_at, seed)
+                for seed, (url, token, assignment) in enumerate(jobs, start=os.getpid() * 1000)
+            ),
+            return_exceptions=True,
+        )
+
+    results = asyncio.run(main())
+    merged: dict[str, Any] = {"latencies": [], "errors": {}, "cross": 0}
+    for r in results[1:]:
+        if isinstance(r, BaseException):
+            merged["errors"][type(r).__name__] = merged["errors"].get(type(r).__name__, 0) + 1
+            continue
+        merged["latencies"] += r["latencies"]
+        merged["cross"] += r["cross"]
+        for k, v in r["errors"].items():
+            merged["errors"][k] = merged["errors"].get(k, 0) + v
+    usage = psutil.Process().cpu_times()
+    merged["cpu_s"] = usage.user + usage.system - cpu_at_start[0]
+    out.put(merged)
+
+
+# -- the server ----------------------------------------------------------------------------------
+
+
+class RssSampler(threading.Thread):
+    """Peak RSS of the ``serve`` process and its children that are not PostgreSQL."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.peak = 0.0
+        self._stop_event = threading.Event()
+
+    def sample(self) -> float:
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return 0.0
+        total = 0
+        for p in procs:
+            with suppress(psutil.Error):
+                if "postgres" not in p.name():
+                    total += p.memory_info().rss
+        return total / 2**20
+
+    def run(self) -> None:
+        while not self._stop_event.wait(0.5):
+            self.peak = max(self.peak, self.sample())
+
+    def stop(self) -> float:
+        self._stop_event.set()
+        self.join()
+        return round(max(self.peak, self.sample()), 1)
+
+
+@contextmanager
+def serve(config: MemoryConfig, conn_str: str, workers: int | None, embedder: str) -> Iterator[tuple[str, int]]:
+    """``osa-memory serve`` on a free loopback port: yields (MCP URL, pid)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    env = dict(os.environ) | {
+        "PG_CONN_STR": conn_str,
+        "OSA_MEMORY_KB_SCHEMA": config.kb_schema,
+        "OSA_MEMORY_SCHEMA": config.memory_schema,
+        "OSA_MEMORY_EMBEDDER": embedder,
+        "PYTHONUNBUFFERED": "1",
+    }
+    command = [*OSA_MEMORY, "serve", "--port", str(port), "--log-level", "warning"]
+    if workers is not None:
+        command += ["--workers", str(workers)]
+    with tempfile.TemporaryDirectory(prefix="osa-load-") as tmp:
+        log = Path(tmp) / "server.log"
+        with log.open("ab") as f:
+            proc = subprocess.Popen(command, env=env, stdout=f, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"osa-memory serve exited with {proc.returncode}:\n{log.read_text()}")
+                with suppress(httpx.HTTPError):
+                    if httpx.get(f"http://127.0.0.1:{port}/status", timeout=1).status_code == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"osa-memory serve did not start:\n{log.read_text()}")
+                time.sleep(0.3)
+            yield f"http://127.0.0.1:{port}/mcp", proc.pid
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+            tail = log.read_text(errors="replace").splitlines()[-15:]
+            if any("Traceback" in line or "ERROR" in line for line in tail):
+                console.print("[yellow]server log tail:[/]\n" + "\n".join(tail))
+
+
+def run_phase(
+    url: str, pid: int, tokens: list[str], assignments: int, clients: int, phase: str, duration: float, processes: int
+) -> PhaseResult:
+    jobs = [(url, tokens[i % assignments], i % assignments) for i in range(clients)]
+    shares = [jobs[p::processes] for p in range(min(processes, clients))]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    # Sessions open during the lead time; every client starts calling at the same instant.
+    start_at = time.time() + 4.0 + clients * 0.05
+    stop_at = start_at + duration
+    procs = [
+        ctx.Process(target=_client_process, args=(share, assignments, phase, start_at, stop_at, out))
+        for share in shares
+    ]
+    for p in procs:
+        p.start()
+    sampler = RssSampler(pid)
+    sampler.start()
+    merged: list[dict[str, Any]] = [out.get(timeout=duration + 300) for _ in procs]
+    for p in procs:
+        p.join(30)
+    rss = sampler.stop()
+    latencies = [x for m in merged for x in m["latencies"]]
+    kinds: dict[str, int] = {}
+    for m in merged:
+        for k, v in m["errors"].items():
+            kinds[k] = kinds.get(k, 0) + v
+    return PhaseResult(
+        phase=phase,
+        clients=clients,
+        seconds=duration,
+        calls=len(latencies),
+        per_second=round(len(latencies) / duration, 1),
+        latency_ms=percentiles(latencies),
+        errors=sum(kinds.values()),
+        error_kinds=kinds,
+        cross_scope=sum(m["cross"] for m in merged),
+        server_rss_mib=rss,
+        client_cpu_s=round(sum(m["cpu_s"] for m in merged), 1),
+    )
+
+
+def seed(config: MemoryConfig, assignments: int, facts: int, embedder: str) -> list[str]:
+    """Facts through the import path; returns one bearer token per assignment."""
+    memory = Memory(config, use_default_embedders=embedder != "none")
+    tokens = TokenStore(memory.config.pg_conn_str or os.environ["PG_CONN_STR"], config)
+    rnd = random.Random(7)
+    issued = []
+    with Progress(
+        TextColumn("{task.description:<30}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    ) as bar:
+        task = bar.add_task("storing facts", total=assignments * facts)
+        for a in range(assignments):
+            caller = Caller(org_id="load-org", assignment_id=f"asg-{a:03d}")
+            items = [ImportItem(fact_text(a, n, rnd), f"seed:{n}", topic="load") for n in range(facts)]
+            memory.import_items(items, caller=caller, on_batch=lambda n: bar.advance(task, n))
+            issued.append(tokens.create(org_id="load-org", assignment_id=f"asg-{a:03d}").token)
+    return issued
+
+
+def print_results(report: Report) -> None:
+    table = Table(title="osa-memory serve under concurrent MCP clients")
+    for col in (
+        "phase",
+        "clients",
+        "calls/s",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "errors",
+        "cross-scope",
+        "server RSS MiB",
+        "client CPU s",
+    ):
+        table.add_column(col, justify="right")
+    for r in report.results:
+        table.add_row(
+            r.phase,
+            str(r.clients),
+            f"{r.per_second:.1f}",
+            f"{r.latency_ms['p50']:.1f}",
+            f"{r.latency_ms['p95']:.1f}",
+            f"{r.latency_ms['p99']:.1f}",
+            str(r.errors),
+            str(r.cross_scope),
+            f"{r.server_rss_mib:.0f}",
+            f"{r.client_cpu_s:.1f}",
+        )
+    console.print(table)
+    for r in report.results:
+        if r.error_kinds:
+            console.print(f"{r.phase} x{r.clients} errors: {r.error_kinds}")
+
+
+def plot(report: Report, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for phase, style in (("recall", "o-"), ("store", "s--")):
+        rows = [r for r in report.results if r.phase == phase]
+        left.plot([r.clients for r in rows], [r.per_second for r in rows], style, label=phase)
+        right.plot([r.clients for r in rows], [r.latency_ms["p95"] for r in rows], style, label=phase)
+    for ax, label in ((left, "calls/s"), (right, "p95 latency (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent MCP clients")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    workers = report.params.get("workers")
+    fig.suptitle(
+        f"osa-memory serve (workers={workers or 'default'}, {report.params['embedder']}), "
+        f"{report.machine['cores']} cores"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> Report:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument(
+        "--sweep", type=str, default=None, help="Client counts, e.g. 1,4,16,32,64 (overrides --clients)."
+    )
+    parser.add_argument("--assignments", type=int, default=16)
+    parser.add_argument("--facts", type=int, default=200, help="Facts stored per assignment before the run.")
+    parser.add_argument("--duration", type=float, default=20.0, help="Seconds per phase.")
+    parser.add_argument("--workers", type=int, default=None, help="serve --workers (default: serve's default).")
+    parser.add_argument("--embedder", default="minilm", choices=["minilm", "none"], help="none: lexical recall.")
+    parser.add_argument("--client-processes", type=int, default=2)
+    parser.add_argument("--phases", default="recall,store")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--plot", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if min(args.clients, args.assignments, args.client_processes) < 1 or args.facts < 0 or args.duration <= 0:
+        parser.error("--clients, --assignments and --client-processes must be >= 1, --facts >= 0, --duration > 0")
+    counts = [int(c) for c in args.sweep.split(",")] if args.sweep else [args.clients]
+    phases = [p for p in args.phases.split(",") if p]
+    if any(p not in ("recall", "store") for p in phases):
+        parser.error("--phases takes recall and/or store")
+    report = Report(
+        machine_info(),
+        {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "client_counts": counts},
+        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+    with scratch_database(prefix="osa-load-") as conn_str:
+        suffix = uuid.uuid4().hex[:8]
+        config = MemoryConfig(
+            pg_conn_str=conn_str,
+            kb_schema=f"load_kb_{suffix}",
+            memory_schema=f"load_mem_{suffix}",
+            embedder=args.embedder,
+        )
+        ensure_schema(conn_str, config)
+        console.print(f"seeding {args.assignments} assignments x {args.facts} facts ...")
+        tokens = seed(config, args.assignments, args.facts, args.embedder)
+        with serve(config, conn_str, args.workers, args.embedder) as (url, pid):
+            for clients in counts:
+                for phase in phases:
+                    console.print(f"{phase}: {clients} clients for {args.duration:.0f} s ...")
+                    report.results.append(
+                        run_phase(
+                            url, pid, tokens, args.assignments, clients, phase, args.duration, args.client_processes
+                        )
+                    )
+    print_results(report)
+    if args.json:
+        args.json.write_text(json.dumps(asdict(report), indent=2) + "\n")
+    if args.plot:
+        plot(report, args.plot)
+    return report
+
+
+if __name__ == "__main__":
+    main()
