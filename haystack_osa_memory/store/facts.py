@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -214,23 +215,33 @@ SCOPE_STATS_TTL_S = 30.0
 #: A lexeme held by more facts than this is "common": it still counts in ranking the candidates, but
 #: does not bring candidates of its own (its idf is low, and its facts would be thousands).
 RARE_LEXEME_MAX_DF = 400
-#: Rows read each way from a candidate for its `window` admitted neighbours (times the window): facts
-#: flagged, retired or changed between them are skipped; beyond that many, a neighbour is missed.
-NEIGHBOUR_PROBE = 4
-#: Nearest vectors taken as candidates (and the HNSW search width).
-VECTOR_CANDIDATES = 100
+#: Rows read each way from a candidate beyond the neighbours it needs: facts flagged, retired or changed
+#: among them are skipped; past this many such facts near a candidate, a neighbour is missed.
+NEIGHBOUR_SLACK = 2
+#: Nearest vectors taken as candidates (and the HNSW search width), and facts taken for their lexemes.
+VECTOR_CANDIDATES = 60
+LEXICAL_CANDIDATES = 100
 SCOPE_STATS = sql.SQL(
     """SELECT count(*), coalesce(avg(t.dl), 0)::float8 FROM {schema}.osa_fact_terms t
     WHERE t.org_id = %(org_id)s AND t.assignment_id = %(assignment_id)s"""
 )
+# Counted up to `LEXEME_COUNT_CAP`: past it a lexeme's weight hardly changes, and counting a posting list
+# of tens of thousands of facts costs milliseconds.
 BIG_SCOPE_DF = sql.SQL(
-    """SELECT (SELECT count(*) FROM {schema}.osa_fact_terms t
-             WHERE t.term_keys @> ARRAY[k.key] AND t.org_id = %(org_id)s AND t.assignment_id = %(assignment_id)s)
+    """SELECT (SELECT count(*) FROM (SELECT 1 FROM {schema}.osa_fact_terms t
+             WHERE t.term_keys @> ARRAY[k.key] AND t.org_id = %(org_id)s AND t.assignment_id = %(assignment_id)s
+             LIMIT %(cap)s) x)
     FROM unnest(%(keys)s::int8[]) WITH ORDINALITY AS k(key, i) ORDER BY k.i"""
 )
+LEXEME_COUNT_CAP = 5000
+# The facts holding the query's rarer lexemes, best first by the idf they hold (BM25 without term
+# frequency and length), at most `LEXICAL_CANDIDATES`: ranking reads each candidate with its neighbours.
 BIG_SCOPE_LEXICAL = sql.SQL(
     """SELECT t.seq FROM {schema}.osa_fact_terms t
-    WHERE t.term_keys && %(keys)s::int8[] AND t.org_id = %(org_id)s AND t.assignment_id = %(assignment_id)s"""
+    WHERE t.term_keys && %(keys)s::int8[] AND t.org_id = %(org_id)s AND t.assignment_id = %(assignment_id)s
+    ORDER BY (SELECT sum(w.idf) FROM unnest(%(keys)s::int8[], %(idfs)s::float8[]) AS w(key, idf)
+              WHERE w.key = ANY(t.term_keys)) DESC, t.seq DESC
+    LIMIT %(lexical_k)s"""
 )
 BIG_SCOPE_VECTOR = sql.SQL(
     """SELECT t.seq FROM {schema}.osa_fact_terms t
@@ -243,26 +254,18 @@ BIG_SCOPE_VECTOR = sql.SQL(
 BIG_SCOPE_SETTINGS = sql.SQL(
     "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', false), set_config('hnsw.ef_search', %s, false)"
 )
-# A recall row of the scope whose governing row is admitted and current (BIG_SCOPE_ROWS, three times).
-BIG_SCOPE_ADMITTED = sql.SQL(
-    """t.org_id = %(org_id)s AND t.assignment_id = %(assignment_id)s
-          AND g.org_id = %(org_id)s AND g.audience = ANY(%(audiences)s) AND g.status = ANY(%(statuses)s)
-          AND g.metadata->>'assignment_id' = %(assignment_id)s AND g.content_hash = t.content_hash
-          AND t.language = %(language)s::text AND t.terms IS NOT NULL"""
-)
-# The neighbours of a candidate are read by walking the scope index from it (`probe` rows each way,
-# then the admitted ones kept): joining the governing table inside the walk made the planner hash-join
-# the whole scope once per candidate (8 s for 200 candidates at 20,000 facts).
+# The neighbours of a candidate are read by walking the scope index from it (an index-only range per
+# candidate and side); whether they are admitted is checked once for the whole set, in BIG_SCOPE_ROWS.
+# Joining the governing table inside the walk made the planner hash-join the whole scope once per
+# candidate (8 s for 200 candidates at 20,000 facts), and probing with the join per row cost 26 ms.
 BIG_SCOPE_NEIGHBOURS = sql.SQL(
-    """SELECT x.seq FROM (
-            SELECT t.seq, t.document_id, t.content_hash FROM {schema}.osa_fact_terms t
+    """SELECT t.seq FROM {schema}.osa_fact_terms t
             WHERE t.org_id = %(org_id)s AND t.assignment_id = %(assignment_id)s AND t.seq {direction} c.seq
-            ORDER BY t.seq {order} LIMIT %(probe)s) x
-        JOIN {schema}.{gov} g ON g.id = x.document_id AND g.content_hash = x.content_hash
-        WHERE g.org_id = %(org_id)s AND g.audience = ANY(%(audiences)s) AND g.status = ANY(%(statuses)s)
-          AND g.metadata->>'assignment_id' = %(assignment_id)s
-        ORDER BY x.seq {order} LIMIT %(window)s"""
+            ORDER BY t.seq {order} LIMIT %(probe)s"""
 )
+# Each row of the set is read by index (scope and storing order, then the governing row by id), in
+# fenced laterals: left to itself the planner hash-joined both whole tables of the scope (45 ms at
+# 20,000 facts, and growing with the scope instead of with the candidates).
 BIG_SCOPE_ROWS = sql.SQL(
     """WITH c AS MATERIALIZED (SELECT DISTINCT s AS seq FROM unnest(%(seqs)s::int8[]) AS s),
 w AS (
@@ -272,12 +275,20 @@ w AS (
     UNION
     SELECT nx.seq FROM c, LATERAL ({after}) nx
 )
-SELECT g.id, t.document_id, g.metadata->>'expires_at',
+SELECT g.id, t.document_id, g.expires_at,
        coalesce(1 - (t.embedding <=> %(embedding)s::vector), 'NaN'), t.dl::float8, t.terms,
        EXISTS (SELECT 1 FROM c WHERE c.seq = t.seq)
-FROM w JOIN {schema}.osa_fact_terms t ON t.seq = w.seq AND t.org_id = %(org_id)s AND t.assignment_id = %(assignment_id)s
-    JOIN {schema}.{gov} g ON g.id = t.document_id
-WHERE {admitted}
+FROM w,
+    LATERAL (SELECT t.seq, t.document_id, t.content_hash, t.embedding, t.dl, t.terms
+             FROM {schema}.osa_fact_terms t
+             WHERE t.org_id = %(org_id)s AND t.assignment_id = %(assignment_id)s AND t.seq = w.seq
+               AND t.language = %(language)s::text AND t.terms IS NOT NULL
+             OFFSET 0) t,
+    LATERAL (SELECT g.id, g.metadata->>'expires_at' AS expires_at FROM {schema}.{gov} g
+             WHERE g.id = t.document_id AND g.content_hash = t.content_hash
+               AND g.org_id = %(org_id)s AND g.audience = ANY(%(audiences)s) AND g.status = ANY(%(statuses)s)
+               AND g.metadata->>'assignment_id' = %(assignment_id)s
+             OFFSET 0) g
 ORDER BY t.seq"""
 )
 
@@ -402,7 +413,6 @@ class FactRepository:
         self._big_lexical = BIG_SCOPE_LEXICAL.format(**names)
         self._big_vector = BIG_SCOPE_VECTOR.format(dimension=sql.Literal(config.embedding_dimension), **names)
         self._big_rows = BIG_SCOPE_ROWS.format(
-            admitted=BIG_SCOPE_ADMITTED,
             before=BIG_SCOPE_NEIGHBOURS.format(direction=sql.SQL("<"), order=sql.SQL("DESC"), **names),
             after=BIG_SCOPE_NEIGHBOURS.format(direction=sql.SQL(">"), order=sql.SQL("ASC"), **names),
             **names,
@@ -568,7 +578,7 @@ class FactRepository:
         missing = [k for k, v in known.items() if v is None or now - v[1] > SCOPE_STATS_TTL_S]
         counts = {k: v[0] for k, v in known.items() if v is not None and k not in missing}
         if missing:
-            cur.execute(self._big_df, {**scope, "keys": missing})
+            cur.execute(self._big_df, {**scope, "keys": missing, "cap": LEXEME_COUNT_CAP})
             fresh = {k: float(r[0]) for k, r in zip(missing, cur.fetchall(), strict=True)}
             counts.update(fresh)
             with self._sizes_lock:
@@ -593,10 +603,16 @@ class FactRepository:
         keys = [term_key(params["org_id"], params["assignment_id"], h) for h in hashes]
         scope = {"org_id": params["org_id"], "assignment_id": params["assignment_id"]}
         df = self._lexeme_counts(cur, scope, keys)
-        rare = [k for k, d in zip(keys, df, strict=True) if 0 < d <= RARE_LEXEME_MAX_DF]
+        rare = [(k, d) for k, d in zip(keys, df, strict=True) if 0 < d <= RARE_LEXEME_MAX_DF]
         seqs: set[int] = set()
         if rare:
-            seqs.update(r[0] for r in cur.execute(self._big_lexical, {**scope, "keys": rare}).fetchall())
+            lexical = {
+                **scope,
+                "keys": [k for k, _ in rare],
+                "idfs": [math.log(1 + (size.facts - d + 0.5) / (d + 0.5)) for _, d in rare],
+                "lexical_k": LEXICAL_CANDIDATES,
+            }
+            seqs.update(r[0] for r in cur.execute(self._big_lexical, lexical).fetchall())
         if hybrid:
             cur.execute(BIG_SCOPE_SETTINGS, (str(max(VECTOR_CANDIDATES, 40)),))
             vector = {**scope, "embedding": params["embedding"], "vector_k": VECTOR_CANDIDATES}
@@ -606,7 +622,7 @@ class FactRepository:
         reach = 2 * ranking.window
         rows = cur.execute(
             self._big_rows,
-            {**params, "seqs": sorted(seqs), "window": reach, "probe": reach * NEIGHBOUR_PROBE},
+            {**params, "seqs": sorted(seqs), "probe": reach + NEIGHBOUR_SLACK},
         ).fetchall()
         if not rows:
             return []
