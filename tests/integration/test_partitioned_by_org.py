@@ -137,11 +137,10 @@ PENDING: tuple[Listed, ...] = (
     _listed(
         "SCOPE_ROWS",
         ("WITH s AS MATERIALIZED",),
-        {"chunk", "osa_fact_terms"},
-        "recall's scoped statement fetches each fact's recall row by document id alone, and its chunk "
-        "(fallback) by `meta->>'document_id'`",
-        fix="store/facts.py SCOPE_ROWS: `AND t.org_id = %(org_id)s` in the osa_fact_terms lateral, and, once "
-        "the chunk table has it, `AND c.org_id = %(org_id)s` in the chunk lateral",
+        {"chunk"},
+        "recall's scoped statement reads the chunk of a fact without a recall row (written by other tools) "
+        "by `meta->>'document_id'`",
+        fix="store/facts.py SCOPE_ROWS: once the chunk table has it, `AND c.org_id = %(org_id)s` in the chunk lateral",
     ),
     _listed(
         "SCOPE_FACTS",
@@ -149,21 +148,6 @@ PENDING: tuple[Listed, ...] = (
         {"chunk"},
         "recall's text fetch joins the chunk by id",
         fix="store/facts.py SCOPE_FACTS: `AND c.org_id = %(org_id)s` once the chunk table has it",
-    ),
-    _listed(
-        "GOVERNING_ROWS",
-        ("metadata->>'assignment_id' AS assignment_id",),
-        {"governing"},
-        "the ACL filter reads governing rows by id only, though it always knows the caller's org",
-        fix="store/facts.py governing_rows(ids, org_id) with `AND org_id = %s`, and "
-        "components/governing_row_acl_filter.py passes its `org_id`",
-    ),
-    _listed(
-        "LIVE_IDS",
-        ("WHERE id = ANY(%(ids)s)",),
-        {"governing"},
-        "import checks which ids exist; LifecycleRepository.live_ids takes the org, memory does not pass it yet",
-        fix="memory.py import_items: `live_ids=lambda ids: lifecycle.live_ids(ids, caller.org_id)`",
     ),
     _listed("SELECT_FACT", ("g.specialist_id", "LEFT JOIN"), {"chunk"}, "read joins the chunk", fix=_CHUNK_ORG_FIX),
     _listed(
