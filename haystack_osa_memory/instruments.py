@@ -29,3 +29,21 @@ def observe_embed_batch(size: int) -> None:
     sink = _embed_batch_sink
     if sink is not None:
         sink(size)
+
+
+_document_batch_sink: EmbedBatchSink | None = None
+
+
+def set_document_batch_sink(sink: EmbedBatchSink | None) -> EmbedBatchSink | None:
+    """Install ``sink`` for document batch sizes (None removes it); returns the one it replaces."""
+    global _document_batch_sink
+    previous, _document_batch_sink = _document_batch_sink, sink
+    return previous
+
+
+def observe_document_batch(size: int) -> None:
+    """Report that the document embedder embeds ``size`` texts in one forward pass set (the facts of
+    concurrent stores embedded together)."""
+    sink = _document_batch_sink
+    if sink is not None:
+        sink(size)

@@ -62,6 +62,7 @@ METRIC_NAMES = (
     "osa_memory_tool_duration_seconds",
     "osa_memory_tool_errors_total",
     "osa_memory_embed_batch_size",
+    "osa_memory_document_embed_batch_size",
     "osa_memory_offline_queue_depth",
     "osa_memory_offline_queue_rejected",
     "osa_memory_db_pool_connections",
@@ -116,6 +117,12 @@ class _WorkerMetrics:
         self.embed_batch = Histogram(
             "osa_memory_embed_batch_size",
             "Query texts embedded by one call of the query embedder.",
+            buckets=EMBED_BATCH_BUCKETS,
+            registry=None,
+        )
+        self.document_batch = Histogram(
+            "osa_memory_document_embed_batch_size",
+            "Fact texts embedded together (concurrent stores share forward passes).",
             buckets=EMBED_BATCH_BUCKETS,
             registry=None,
         )
@@ -199,6 +206,7 @@ def start_worker(tools: Iterable[str] = ()) -> bool:
         _worker = _WorkerMetrics(tools)
         _worker._sampler.start()
         instruments.set_embed_batch_sink(observe_embed_batch)
+        instruments.set_document_batch_sink(observe_document_batch)
         atexit.register(_leave, os.getpid(), directory)
     return True
 
@@ -223,6 +231,13 @@ def record_tool_call(tool: str, seconds: float, error: BaseException | None) -> 
         worker.sample_pools()
     except Exception as e:
         logger.debug("connection-pool sample failed: %s", type(e).__name__)
+
+
+def observe_document_batch(size: int) -> None:
+    """The document embedder embeds ``size`` texts together; no-op when metrics are off."""
+    worker = _worker
+    if worker is not None:
+        worker.document_batch.observe(size)
 
 
 def observe_embed_batch(size: int) -> None:
@@ -359,6 +374,7 @@ __all__ = [
     "METRIC_NAMES",
     "MetricsEndpoint",
     "error_kind",
+    "observe_document_batch",
     "observe_embed_batch",
     "record_tool_call",
     "serve_metrics",
