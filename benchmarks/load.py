@@ -19,9 +19,10 @@ What it does, in one run:
 
 Printed per phase: calls/s, latency p50/p95/p99 (client side, per call), errors, cross-scope results
 (a recalled fact that does not carry the caller's tag word, or carries another's) and the server's
-memory (RSS summed over the ``serve`` process and its workers, peak of 2 samples/s; PostgreSQL apart).
-The clients run on the same machine as the server: their CPU time is printed too, since on a 2-core
-machine it is taken from the server's.
+memory (RSS summed over the ``serve`` process and its workers, peak of 2 samples/s; PostgreSQL apart),
+and where the CPU went: CPU milliseconds per call of the ``serve`` processes, of PostgreSQL (every
+``postgres`` process of the machine) and of the clients, over the measured window. The clients run on
+the same machine as the server, so on a 2-core machine their CPU is taken from the server's.
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ class PhaseResult:
     cross_scope: int
     server_rss_mib: float
     client_cpu_s: float
+    server_cpu_s: float = 0.0
+    postgres_cpu_s: float = 0.0
 
 
 @dataclass
@@ -238,6 +241,28 @@ class RssSampler(threading.Thread):
                     total += p.memory_info().rss
         return total / 2**20
 
+    def cpu(self) -> dict[tuple[str, int], float]:
+        """CPU seconds so far of each process of the serve tree and each PostgreSQL process of the machine."""
+        totals: dict[tuple[str, int], float] = {}
+        try:
+            root = psutil.Process(self.pid)
+            serve = {root.pid, *(p.pid for p in root.children(recursive=True))}
+        except psutil.Error:
+            serve = set()
+        for p in psutil.process_iter(["name"]):
+            with suppress(psutil.Error):
+                kind = "postgres" if "postgres" in (p.info["name"] or "") else "server" if p.pid in serve else None
+                if kind:
+                    t = p.cpu_times()
+                    totals[(kind, p.pid)] = t.user + t.system
+        return totals
+
+    @staticmethod
+    def spent(before: dict[tuple[str, int], float], after: dict[tuple[str, int], float], kind: str) -> float:
+        """CPU seconds of ``kind`` between two samples (processes that started meanwhile count whole;
+        those that ended meanwhile, e.g. closed connections, are missed)."""
+        return sum(v - before.get(k, 0.0) for k, v in after.items() if k[0] == kind)
+
     def run(self) -> None:
         while not self._stop_event.wait(0.5):
             self.peak = max(self.peak, self.sample())
@@ -312,6 +337,10 @@ def run_phase(
         p.start()
     sampler = RssSampler(pid)
     sampler.start()
+    time.sleep(max(0.0, start_at - time.time()))
+    cpu_before = sampler.cpu()
+    time.sleep(max(0.0, stop_at - time.time()))
+    cpu_after = sampler.cpu()
     merged: list[dict[str, Any]] = [out.get(timeout=duration + 300) for _ in procs]
     for p in procs:
         p.join(30)
@@ -333,6 +362,8 @@ def run_phase(
         cross_scope=sum(m["cross"] for m in merged),
         server_rss_mib=rss,
         client_cpu_s=round(sum(m["cpu_s"] for m in merged), 1),
+        server_cpu_s=round(RssSampler.spent(cpu_before, cpu_after, "server"), 1),
+        postgres_cpu_s=round(RssSampler.spent(cpu_before, cpu_after, "postgres"), 1),
     )
 
 
@@ -372,7 +403,9 @@ def print_results(report: Report) -> None:
         "errors",
         "cross-scope",
         "server RSS MiB",
-        "client CPU s",
+        "CPU ms/call: server",
+        "postgres",
+        "clients",
     ):
         table.add_column(col, justify="right")
     for r in report.results:
@@ -386,7 +419,7 @@ def print_results(report: Report) -> None:
             str(r.errors),
             str(r.cross_scope),
             f"{r.server_rss_mib:.0f}",
-            f"{r.client_cpu_s:.1f}",
+            *(f"{1000 * cpu / max(r.calls, 1):.1f}" for cpu in (r.server_cpu_s, r.postgres_cpu_s, r.client_cpu_s)),
         )
     console.print(table)
     for r in report.results:

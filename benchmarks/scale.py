@@ -4,6 +4,8 @@ Usage::
 
     python benchmarks/scale.py --chunks 100000 [--assignments 200] [--facts-per-assignment 20]
                                [--queries 100] [--json out.json] [--plot out.png] [--explain] [--no-mcp]
+    python benchmarks/scale.py --big-scope --chunks 10000 [--assignments 2] [--scope-sizes 1000,10000,100000]
+                               [--queries 200] [--exact-scope-max 5000] [--torch-threads 1] [--json out.json]
 
 ``PG_CONN_STR`` selects the database (a fresh schema is created and dropped at the end); when it
 is unset, an embedded PostgreSQL + pgvector is started in a temporary directory and deleted after.
@@ -19,7 +21,11 @@ with Zipf popularity (a few topics are covered by many documents, most by few); 
 the topic keywords 1-4 times among generated filler sentences, and their vector has a cosine to the
 anchor drawn uniformly from [0.30, 0.95]. A fact mentions its topic's keywords once among specific
 details (person, team, ticket code), and its vector has a cosine of 0.6-0.8 to the anchor.
-Vectors are deterministic synthetic 384-d unit vectors; everything is bulk-loaded with ``COPY``.
+Vectors are deterministic synthetic 384-d unit vectors. Customer chunks are bulk-loaded with ``COPY``;
+facts are written through the product's writer (``Memory.import_items``: the store pipeline, batches of 64,
+``FactRepository.write``, with a document "embedder" that looks up the synthetic vector), so that each fact
+gets its recall row in ``osa_fact_terms`` as in production (a fact loaded by other means has none, and recall
+reads it the slow way, from its chunk).
 
 **Targets.** ``--queries`` facts (one per assignment, on distinct topics) are written through the
 real ``Memory.store`` pipeline, which gives the store latency. Each is queried twice:
@@ -79,11 +85,49 @@ with the index), drop the schema.
 
 The numbers of (a) and (b) depend on this synthetic topic model (topic sizes, noise levels); the
 point of the benchmark is the trend with ``--chunks`` and that (c) does not depend on it.
+
+Big scopes (``--big-scope``)
+----------------------------
+Recall reads every fact of a scope and ranks them exactly (the *exact path*), which costs time in
+proportion to the scope; past ``FactRepository.exact_scope_max`` recall rows it takes candidates from the
+indexes of ``osa_fact_terms`` instead (the *big-scope path*). This mode measures both on one assignment as it
+grows through ``--scope-sizes`` (default 1,000, 10,000 and 100,000 facts; ``--facts-per-assignment N`` alone
+means the default sizes below N, then N), instead of the design comparison:
+
+- ``--chunks`` customer chunks are COPY-loaded as above; ``--assignments`` assignments of one org (default
+  2: only the assignment id tells the scopes apart) grow together, batch by batch in turn, through
+  ``Memory.import_items`` with the real bundled MiniLM (``MiniLMDocumentEmbedder``, float32, the product's
+  forward batches of 8 inside import batches of 64). The first assignment is measured; the others store the
+  same texts in their own scopes (embedded once: ``CachingDocumentEmbedder``), so the table's HNSW and GIN
+  indexes hold other scopes' near neighbours. Facts are template facts on Zipf-popular topics with distinct
+  details (a ticket code used once, a person, a team, a place, a day, a month, an hour). A progress bar is
+  shown while storing (a line per tenth when the output is not a terminal). After each growth the tables are
+  ANALYZEd and the measured scope must hold one usable recall row per fact.
+- At each size ``--queries`` facts (default 200, fixed seed) are queried by their own text and by a
+  paraphrase (the same person, ticket code, system and aspect in other words) through ``Memory.recall``
+  (top ``--k``, default 8) in process, **query embedding included** (``MiniLMTextEmbedder``, the configured
+  query precision, int8 by default). Every query runs on both paths back to back (which one goes first
+  alternates), on a fresh ``Memory``: the big path with ``exact_scope_max`` = ``--exact-scope-max`` (default
+  the product's ``EXACT_SCOPE_MAX``), or 0 where the scope is not bigger than that (the row says
+  "forced"), and the exact path with ``exact_scope_max`` = 10^9, set on the ``FactRepository`` that recall
+  uses and restored afterwards. Reported per path: latency p50/p95/p99, the share of queries whose fact is
+  in the top k (own text, paraphrase), degraded answers; across paths: the share of queries with identical
+  top-k sets (and identical order), the mean overlap of the two top k, and the speed-up exact/big.
+  The query embedding alone is timed apart.
+- Targets (printed as met / not met / not measured): big path p95 <= 50 ms at 100,000 facts; recall at
+  10,000 facts (the product's path there) no slower than the exact path at 1,000 (p50 and p95); own text in
+  the top 8 >= 99 % on the big path at every size.
+- torch runs MiniLM on ``--torch-threads`` intra-op threads (default 1): on a machine whose cores other work
+  shares, torch's default (one thread per core) spins against that work (on this project's 2-core VM, with
+  one core busy elsewhere, 15 documents/s instead of 198).
+- The JSON (``--json``) is written after every size, so a run stopped at 100,000 keeps 1,000 and 10,000.
+  It records a fingerprint (sha256, modification time) of ``store/facts.py`` and ``store/ranking.py``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -122,9 +166,10 @@ from rich.table import Table
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
 from haystack_osa_memory.config import ENVIRONMENT
-from haystack_osa_memory.markers import add_marker, content_hash, document_id
+from haystack_osa_memory.markers import content_hash, document_id, marked_fact
 from haystack_osa_memory.store.database import close_pools, scratch_database
 from haystack_osa_memory.store.facts import (
+    EXACT_SCOPE_MAX,
     FACT_AUDIENCE,
     FACT_SOURCE,
     FactRepository,
@@ -133,11 +178,14 @@ from haystack_osa_memory.store.facts import (
 from haystack_osa_memory.store.ranking import RankingParams
 from haystack_osa_memory.store.schema import ensure_schema
 from haystack_osa_memory.store.tokens import TokenStore
+from haystack_osa_memory.transfer import ImportItem
 
 DIM = 384
 ORGS = ("acme", "globex", "initech", "umbrella")
 QueryKind = Literal["own", "para"]
 KINDS: tuple[QueryKind, ...] = ("own", "para")
+#: Facts per `Memory.import_items` batch (its default: one store-pipeline run and one pipelined write each).
+IMPORT_BATCH = 64
 
 # Vector model (cosines to the topic anchor).
 CHUNK_COS = (0.30, 0.95)
@@ -258,6 +306,10 @@ class Params:
     hnsw_ef_construction: int
     ef_search: int
     maintenance_work_mem: str
+    big_scope: bool = False
+    scope_sizes: tuple[int, ...] = ()
+    exact_scope_max: int = EXACT_SCOPE_MAX
+    torch_threads: int = 1
 
 
 @dataclass(frozen=True)
@@ -369,24 +421,10 @@ class Corpus:
             made += size
             yield gov, chunks
 
-    def fact_rows(self, specs: list[tuple[str, str, int]], config: MemoryConfig) -> tuple[list[Any], list[Any]]:
-        """Governing rows and chunks of bulk facts, given (org, assignment, topic) triples."""
-        topics = np.array([t for *_, t in specs])
-        vectors, _ = self.vectors(topics, self.rng.uniform(*FACT_COS, size=len(specs)))
-        gov, chunks = [], []
-        for (org, assignment, topic), vector in zip(specs, vectors, strict=True):
-            text, _ = self.fact_text(topic)
-            stored = add_marker(text, assignment)
-            digest = content_hash(stored)
-            doc_id = document_id(org, config.dataset, digest)
-            metadata = {"assignment_id": assignment, "osa_memory": True}
-            gov.append(
-                (doc_id, org, None, config.dataset, FACT_SOURCE, FACT_AUDIENCE, "approved", digest, None,
-                 json.dumps(metadata))
-            )  # fmt: skip
-            meta = {"document_id": doc_id, "org_id": org, "source": FACT_SOURCE, "audience": FACT_AUDIENCE}
-            chunks.append((doc_id, vector, stored, Jsonb({**meta, "assignment_id": assignment})))
-        return gov, chunks
+    def fact_items(self, topics: list[int]) -> list[tuple[str, np.ndarray]]:
+        """Texts and synthetic vectors of bulk facts on the given topics (stored through the product's writer)."""
+        vectors, _ = self.vectors(np.array(topics), self.rng.uniform(*FACT_COS, size=len(topics)))
+        return [(self.fact_text(topic)[0], vector) for topic, vector in zip(topics, vectors, strict=True)]
 
     def targets(self, callers: list[Caller]) -> list[Target]:
         topics = np.array(self.rnd.sample(range(self.params.topics), len(callers)))
@@ -566,6 +604,7 @@ class Report:
     sizes_mib: dict[str, float] = field(default_factory=dict)
     plans: dict[str, str] = field(default_factory=dict)
     mcp: dict[str, Any] = field(default_factory=dict)
+    big_scope: dict[str, Any] = field(default_factory=dict)
     total_seconds: float = 0.0
     load_avg_at_end: list[float] = field(default_factory=list)
 
@@ -776,12 +815,12 @@ def issue_tokens(conn_str: str, config: MemoryConfig, callers: list[Caller]) -> 
 class Bench:
     """One benchmark run on one fresh schema."""
 
-    def __init__(self, conn_str: str, params: Params) -> None:
+    def __init__(self, conn_str: str, params: Params, embedder: Literal["none", "minilm"] = "none") -> None:
         self.conn_str = conn_str
         self.p = params
         name = "bench_" + uuid.uuid4().hex[:10]
         self.config = MemoryConfig(
-            pg_conn_str=conn_str, kb_schema=name, memory_schema=name, embedder="none", statement_timeout_ms=600000
+            pg_conn_str=conn_str, kb_schema=name, memory_schema=name, embedder=embedder, statement_timeout_ms=600000
         )
         self.names = {
             **self.config.sql_names(),
@@ -795,8 +834,21 @@ class Bench:
         self.targets: list[Target] = []
         self.memory: Memory | None = None
         self.fact_vectors: dict[str, list[float]] = {}
+        self.query_vectors: dict[str, list[float]] = {}
         self.repo = FactRepository(conn_str, self.config)
         self.postmaster = find_postmaster(self.conn)
+
+    def store_memory(self) -> Memory:
+        """The Memory that writes facts (store pipeline with lookup embedders over this run's synthetic vectors)."""
+        if self.memory is None:
+            self.memory = Memory(
+                self.config,
+                document_embedder=LookupDocumentEmbedder(self.fact_vectors),
+                text_embedder=LookupTextEmbedder(self.query_vectors),
+                init_schema=False,
+            )
+            self.memory.warm_up()
+        return self.memory
 
     def q(self, text: str, **extra: sql.Composable) -> sql.Composed:
         """``text`` with the schema, table and index names (and ``extra``) filled in."""
@@ -810,7 +862,19 @@ class Bench:
     # ------------------------------------------------------------------------------------- build
 
     def build(self) -> None:
-        p = self.p
+        """Schema, customer chunks (COPY), every assignment's facts (the product's writer), ANALYZE."""
+        self.prepare()
+        with progress() as bar:
+            self.load_customers(bar)
+            self.write_bulk_facts(bar)
+        t0 = time.perf_counter()
+        self.conn.execute(self.q("ANALYZE {schema}.{gov}"))
+        self.conn.execute(self.q("ANALYZE {schema}.{chunk}"))
+        self.report.build["analyze_s"] = round(time.perf_counter() - t0, 2)
+        self.sample_memory("after bulk load")
+
+    def prepare(self) -> None:
+        """Create the schema (the product's migrations) and note the server's settings."""
         ensure_schema(self.conn_str, self.config)
         register_vector(self.conn)
         server: dict[str, Any] = {}
@@ -826,6 +890,9 @@ class Bench:
         self.report.server = server
         self.sample_memory("idle")
 
+    def load_customers(self, bar: Progress) -> None:
+        """``--chunks`` customer chunks (governing rows + chunks), bulk-loaded with COPY."""
+        p = self.p
         copy_gov = self.q(
             "COPY {schema}.{gov} (id, org_id, specialist_id, dataset, source, audience, status, content_hash, "
             "title, metadata) FROM STDIN"
@@ -833,9 +900,15 @@ class Bench:
         copy_chunks = self.q("COPY {schema}.{chunk} (id, embedding, content, meta) FROM STDIN (FORMAT BINARY)")
         gen_s = copy_s = 0.0
         rows = chunks = 0
-
-        def load(gov: list[Any], chunk_rows: list[Any]) -> None:
-            nonlocal copy_s, rows, chunks
+        task = bar.add_task("customer chunks (generate + COPY)", total=p.chunks)
+        batches = self.corpus.customer_batches(lambda d: ORGS[0] if d % 3 else ORGS[1 + d % len(ORGS[1:])])
+        while True:
+            t0 = time.perf_counter()
+            batch = next(batches, None)
+            gen_s += time.perf_counter() - t0
+            if batch is None:
+                break
+            gov, chunk_rows = batch
             t0 = time.perf_counter()
             with self.conn.transaction(), self.conn.cursor() as cur:
                 with cur.copy(copy_gov) as copy:
@@ -848,67 +921,62 @@ class Bench:
             copy_s += time.perf_counter() - t0
             rows += len(gov) + len(chunk_rows)
             chunks += len(chunk_rows)
-
-        with progress() as bar:
-            task = bar.add_task("customer chunks (generate + COPY)", total=p.chunks)
-            batches = self.corpus.customer_batches(lambda d: ORGS[0] if d % 3 else ORGS[1 + d % len(ORGS[1:])])
-            while True:
-                t0 = time.perf_counter()
-                batch = next(batches, None)
-                gen_s += time.perf_counter() - t0
-                if batch is None:
-                    break
-                load(*batch)
-                bar.advance(task, len(batch[1]))
-
-            # Facts of every assignment (the targets are stored later through Memory.store).
-            callers = [
-                Caller(org_id=ORGS[a % len(ORGS)], assignment_id=f"asg-{a:05d}", specialist_id=f"spec-{a % 9}")
-                for a in range(p.assignments)
-            ]
-            target_callers = [callers[i % p.assignments] for i in range(p.queries)]
-            self.targets = self.corpus.targets(target_callers)
-            bulk_per_assignment = [p.facts_per_assignment] * p.assignments
-            for i in range(p.queries):
-                bulk_per_assignment[i % p.assignments] -= 1
-            specs = [
-                (c.org_id, c.assignment_id, int(self.corpus.rng.integers(p.topics)))
-                for c, n in zip(callers, bulk_per_assignment, strict=True)
-                for _ in range(max(n, 0))
-            ]
-            task = bar.add_task("facts of other assignments (COPY)", total=len(specs))
-            for start in range(0, len(specs), p.batch):
-                t0 = time.perf_counter()
-                gov, chunk_rows = self.corpus.fact_rows(specs[start : start + p.batch], self.config)
-                gen_s += time.perf_counter() - t0
-                load(gov, chunk_rows)
-                bar.advance(task, len(chunk_rows))
-        t0 = time.perf_counter()
-        self.conn.execute(self.q("ANALYZE {schema}.{gov}"))
-        self.conn.execute(self.q("ANALYZE {schema}.{chunk}"))
-        self.report.build = {
+            bar.advance(task, len(chunk_rows))
+        self.report.build |= {
             "chunks": chunks,
             "rows_copied": rows,
             "generate_s": round(gen_s, 2),
             "copy_s": round(copy_s, 2),
             "copy_rows_per_s": round(rows / copy_s) if copy_s else None,
             "copy_chunks_per_s": round(chunks / copy_s) if copy_s else None,
-            "analyze_s": round(time.perf_counter() - t0, 2),
         }
-        self.sample_memory("after bulk load")
+
+    def write_bulk_facts(self, bar: Progress) -> None:
+        """Facts of every assignment (the targets are stored later through Memory.store), written through the
+        product's writer (`Memory.import_items`: store pipeline, `FactRepository.write`) so that each gets its
+        recall row (osa_fact_terms), as in production; the document "embedder" looks up the synthetic vector."""
+        p = self.p
+        callers = [
+            Caller(org_id=ORGS[a % len(ORGS)], assignment_id=f"asg-{a:05d}", specialist_id=f"spec-{a % 9}")
+            for a in range(p.assignments)
+        ]
+        self.targets = self.corpus.targets([callers[i % p.assignments] for i in range(p.queries)])
+        bulk_per_assignment = [p.facts_per_assignment] * p.assignments
+        for i in range(p.queries):
+            bulk_per_assignment[i % p.assignments] -= 1
+        memory = self.store_memory()
+        written, gen_s, write_s = 0, 0.0, 0.0
+        task = bar.add_task("facts (Memory.import_items)", total=sum(max(n, 0) for n in bulk_per_assignment))
+        for caller, n in zip(callers, bulk_per_assignment, strict=True):
+            if n <= 0:
+                continue
+            t0 = time.perf_counter()
+            facts = self.corpus.fact_items([int(t) for t in self.corpus.rng.integers(p.topics, size=n)])
+            self.fact_vectors.update((text, vector.tolist()) for text, vector in facts)
+            gen_s += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            imported = memory.import_items(
+                (ImportItem(fact=text, origin=f"bulk-{i}") for i, (text, _) in enumerate(facts)),
+                caller=caller,
+                batch_size=IMPORT_BATCH,
+                on_batch=lambda done: bar.advance(task, done),
+            )
+            write_s += time.perf_counter() - t0
+            written += imported.stored
+        self.report.build |= {
+            "facts_written": written,
+            "facts_generate_s": round(gen_s, 2),
+            "facts_write_s": round(write_s, 2),
+            "facts_per_s": round(written / write_s) if write_s else None,
+        }
 
     def store_targets(self) -> None:
         """Write the targets through the real Memory.store pipeline (hybrid, lookup embedders)."""
-        self.fact_vectors = {t.text: t.vector.tolist() for t in self.targets}
-        queries = {t.text: t.vector.tolist() for t in self.targets}
-        queries |= {t.paraphrase: t.paraphrase_vector.tolist() for t in self.targets}
-        self.memory = Memory(
-            self.config,
-            document_embedder=LookupDocumentEmbedder(self.fact_vectors),
-            text_embedder=LookupTextEmbedder(queries),
-            init_schema=False,
-        )
-        self.memory.warm_up()
+        self.fact_vectors |= {t.text: t.vector.tolist() for t in self.targets}
+        self.query_vectors |= {t.text: t.vector.tolist() for t in self.targets}
+        self.query_vectors |= {t.paraphrase: t.paraphrase_vector.tolist() for t in self.targets}
+        self.store_memory()
+        assert self.memory is not None
         seconds, stored = [], []
         with progress() as bar:
             for t in bar.track(self.targets, description="Memory.store (targets)"):
@@ -920,15 +988,17 @@ class Bench:
                 stored.append(replace(t, document_id=answer["document_id"]))
         self.targets = stored
         self.report.store_latency_ms["no HNSW index"] = percentiles(seconds)
-        # Design (b) filters on chunk meta (pgvector-haystack filters), which Memory.store does not write.
+        # Design (b) filters on chunk meta (pgvector-haystack filters), which Memory.store does not write: copy
+        # every fact's assignment there (a meta update leaves the facts' recall rows alone).
         self.conn.execute(
             self.q(
                 "UPDATE {schema}.{chunk} c SET meta = c.meta || jsonb_build_object('assignment_id', "
                 "g.metadata->>'assignment_id') FROM {schema}.{gov} g "
-                "WHERE g.id = c.meta->>'document_id' AND g.id = ANY(%s)"
+                "WHERE g.id = c.meta->>'document_id' AND g.source = %s"
             ),
-            ([t.document_id for t in self.targets],),
+            (FACT_SOURCE,),
         )
+        self.conn.execute(self.q("ANALYZE {schema}.{chunk}"))
 
     def store_more(self, label: str) -> None:
         """Store latency again after the queries (new facts in the targets' scopes), usually with the HNSW index."""
@@ -1187,6 +1257,527 @@ class Bench:
         self.conn.close()
 
 
+# --------------------------------------------------------------------------------------------- big scopes
+
+#: Scope sizes of the big-scope sweep when neither ``--scope-sizes`` nor ``--facts-per-assignment`` is given.
+BIG_DEFAULT_SIZES = (1_000, 10_000, 100_000)
+#: ``FactRepository.exact_scope_max`` that makes every scope take the exact path.
+FORCE_EXACT = 10**9
+BIG_SIDES = ("big", "exact")
+#: Targets of the big-scope run.
+BIG_P95_MS_AT_100K = 50.0
+BIG_OWN_TEXT_MIN = 0.99
+#: Paraphrases of a big-scope fact: its identifying details (person, ticket code, system and aspect) in other words.
+BIG_PARAPHRASES = (
+    "who in {team} signs off the {system} {aspect} for ticket {code}?",
+    "{first} and ticket {code}: anything about the {system} {aspect} {common}?",
+    "remind me what {code} says about the {system} {aspect} and {first}",
+    "which {common} does {first} from {team} want for the {system} {aspect} ({code})?",
+)
+
+
+@dataclass(frozen=True)
+class BigFact:
+    """One fact of the big assignment: its text, a paraphrase with the same details, its topic."""
+
+    index: int
+    text: str
+    paraphrase: str
+    topic: int
+
+    def query(self, kind: QueryKind) -> str:
+        return self.text if kind == "own" else self.paraphrase
+
+
+def big_facts(corpus: Corpus, start: int, count: int, codes: set[str]) -> list[BigFact]:
+    """``count`` facts numbered from ``start``: template facts on Zipf-popular topics, each with distinct details
+    (a ticket code never used before, a person, a team, a place, a day, a month, an hour)."""
+    rnd = corpus.rnd
+    topics = corpus.rng.choice(corpus.params.topics, size=count, p=corpus.popularity)
+    out = []
+    for n, topic in enumerate(topics):
+        code = _draw("code", rnd)
+        while code in codes:
+            code = _draw("code", rnd)
+        codes.add(code)
+        first = rnd.choice(FIRST)
+        slots = {
+            **corpus.topics[int(topic)].words,
+            "person": f"{first} {rnd.choice(LAST)}",
+            "first": first,
+            "code": code,
+            **{slot: _draw(slot, rnd) for slot in ("team", "place", "day", "month", "hour")},
+        }
+        text = fill(rnd.choice(FACT_TEMPLATES), rnd, **slots)
+        paraphrase = fill(rnd.choice(BIG_PARAPHRASES), rnd, **slots)
+        out.append(BigFact(start + n, text, paraphrase, int(topic)))
+    return out
+
+
+@component
+class CachingDocumentEmbedder:
+    """A real document embedder, each distinct text embedded once: the other assignments of a big-scope run store
+    the measured assignment's texts, which need no second embedding. Times the real embedding."""
+
+    def __init__(self, embedder: Any) -> None:
+        self.embedder = embedder
+        self.cache: dict[str, np.ndarray] = {}
+        self.embedded = 0
+        self.seconds = 0.0
+
+    def warm_up(self) -> None:
+        self.embedder.warm_up()
+
+    @component.output_types(documents=list[Document])
+    def run(self, documents: list[Document]) -> dict[str, list[Document]]:
+        missing = list({d.content or "": d for d in documents if (d.content or "") not in self.cache}.values())
+        if missing:
+            t0 = time.perf_counter()
+            embedded = self.embedder.run(documents=missing)["documents"]
+            self.seconds += time.perf_counter() - t0
+            self.embedded += len(embedded)
+            for doc in embedded:
+                self.cache[doc.content or ""] = np.asarray(doc.embedding, dtype=np.float32)
+        return {"documents": [replace(d, embedding=self.cache[d.content or ""].tolist()) for d in documents]}
+
+
+class ProgressLog:
+    """A rich progress bar on a terminal; otherwise a line every tenth of the way (background runs, logs)."""
+
+    def __init__(self, description: str, total: int) -> None:
+        self.description, self.total, self.done = description, total, 0
+        self.started = time.perf_counter()
+        self.next_line = total / 10
+        self.bar = progress()
+        self.task = self.bar.add_task(description, total=total)
+
+    def __enter__(self) -> ProgressLog:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.__exit__(None, None, None)
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        self.bar.advance(self.task, n)
+        if not console.is_terminal and (self.done >= self.next_line or self.done == self.total):
+            self.next_line += self.total / 10
+            elapsed = time.perf_counter() - self.started
+            console.print(
+                f"[dim]{self.description}: {self.done:,}/{self.total:,} in {elapsed:.0f} s "
+                f"({self.done / elapsed if elapsed else 0:.0f}/s)",
+                highlight=False,
+            )
+
+
+@dataclass
+class SideRun:
+    """What one path (big or exact) gave on one scope size."""
+
+    seconds: list[float] = field(default_factory=list)
+    hits: dict[QueryKind, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    top: list[list[str]] = field(default_factory=list)
+    degraded: int = 0
+
+
+class BigScopeBench(Bench):
+    """``--big-scope``: one assignment grown through ``--scope-sizes`` facts (real MiniLM vectors, the product's
+    writer), recalled through ``Memory.recall`` on the big-scope path and on the exact path, query by query."""
+
+    def __init__(self, conn_str: str, params: Params) -> None:
+        super().__init__(conn_str, params, embedder="minilm")
+        from haystack_osa_memory.components.minilm_embedders import (
+            BUNDLED_MODEL,
+            MiniLMDocumentEmbedder,
+            MiniLMTextEmbedder,
+        )
+
+        # Same org, other assignment ids: only the assignment tells the scopes apart.
+        self.callers = [
+            Caller(org_id=ORGS[0], assignment_id=f"big-{a:02d}", specialist_id=f"spec-{a}")
+            for a in range(params.assignments)
+        ]
+
+        def pair() -> tuple[Any, Any]:
+            # New components for every Memory (a component belongs to one pipeline); the model is loaded once.
+            text = MiniLMTextEmbedder(model=BUNDLED_MODEL, precision=self.config.query_precision)
+            return MiniLMDocumentEmbedder(model=BUNDLED_MODEL), text
+
+        self.embedders = pair
+        self.document_embedder = CachingDocumentEmbedder(MiniLMDocumentEmbedder(model=BUNDLED_MODEL))
+        self.text_embedder = pair()[1]  # the query embedding timed alone
+        self.facts: list[BigFact] = []
+        self.document_ids: list[str] = []
+        self.codes: set[str] = set()
+        self.report.big_scope = {"sizes": [], "targets": []}
+
+    def new_memory(self, *, writer: bool = False) -> Memory:
+        """A Memory with the real MiniLM pair (its own `FactRepository`, so no scope size is cached yet); the
+        writer's document embedder embeds each distinct text once (`CachingDocumentEmbedder`)."""
+        document, text = self.embedders()
+        memory = Memory(
+            self.config,
+            document_embedder=self.document_embedder if writer else document,
+            text_embedder=text,
+            init_schema=False,
+        )
+        memory.warm_up()
+        return memory
+
+    def build(self) -> None:
+        self.prepare()
+        with progress() as bar:
+            self.load_customers(bar)
+        self.conn.execute(self.q("ANALYZE {schema}.{gov}"))
+        self.conn.execute(self.q("ANALYZE {schema}.{chunk}"))
+        self.memory = self.new_memory(writer=True)
+        self.text_embedder.warm_up()
+        self.report.big_scope["query_precision"] = self.config.query_precision
+        self.report.big_scope["torch_threads"] = _torch_threads(self.p.torch_threads)
+        self.report.big_scope["code"] = code_fingerprint()
+
+    def grow(self, size: int) -> dict[str, Any]:
+        """Store facts until the measured assignment holds ``size``; every other assignment stores the same texts
+        (their own scope), batch by batch in turn, through `Memory.import_items` (store pipeline: redaction,
+        MiniLM float32 document embedding, scope marker, `FactRepository.write` with the recall row)."""
+        assert self.memory is not None
+        fresh = big_facts(self.corpus, len(self.facts), size - len(self.facts), self.codes)
+        measured = self.callers[0]
+        embedded_before, embed_s_before = self.document_embedder.embedded, self.document_embedder.seconds
+        t0 = time.perf_counter()
+        description = f"store {len(fresh):,} facts x {len(self.callers)} assignments"
+        with ProgressLog(description, len(fresh) * len(self.callers)) as bar:
+            for start in range(0, len(fresh), IMPORT_BATCH):
+                batch = fresh[start : start + IMPORT_BATCH]
+                items = [ImportItem(fact=f.text, origin=f"fact-{f.index}") for f in batch]
+                for caller in self.callers:
+                    imported = self.memory.import_items(items, caller=caller, batch_size=IMPORT_BATCH)
+                    if imported.stored != len(batch) or imported.redactions:
+                        msg = f"import into {caller.assignment_id} stored {imported.as_dict()} of {len(batch)} facts"
+                        raise RuntimeError(msg)
+                    bar.advance(len(batch))
+                self.document_embedder.cache.clear()
+        seconds = time.perf_counter() - t0
+        self.facts += fresh
+        self.document_ids += [
+            marked_fact(f.text, measured.org_id, measured.assignment_id, self.config.dataset)[2] for f in fresh
+        ]
+        for table in ("{schema}.osa_fact_terms", "{schema}.{gov}", "{schema}.{chunk}"):
+            self.conn.execute(self.q("ANALYZE " + table))
+        embedded = self.document_embedder.embedded - embedded_before
+        embed_s = self.document_embedder.seconds - embed_s_before
+        written = len(fresh) * len(self.callers)
+        return {
+            "facts_written": written,
+            "facts_embedded": embedded,
+            "write_s": round(seconds, 1),
+            "embed_s": round(embed_s, 1),
+            "facts_per_s": round(written / seconds, 1) if seconds else None,
+            "embedded_per_s": round(embedded / embed_s, 1) if embed_s else None,
+        }
+
+    def recall_rows(self) -> dict[str, int]:
+        """The measured scope's recall rows (all of them, and those the big path can use) and the table's."""
+        caller = self.callers[0]
+        row = self.conn.execute(
+            self.q(
+                "SELECT count(*) FILTER (WHERE org_id = %(o)s AND assignment_id = %(a)s), "
+                "count(*) FILTER (WHERE org_id = %(o)s AND assignment_id = %(a)s AND seq IS NOT NULL "
+                "AND term_keys IS NOT NULL AND terms IS NOT NULL), count(*) FROM {schema}.osa_fact_terms"
+            ),
+            {"o": caller.org_id, "a": caller.assignment_id},
+        ).fetchone()
+        assert row is not None
+        return {"scope": int(row[0]), "scope_indexed": int(row[1]), "table": int(row[2])}
+
+    def relation_sizes(self) -> dict[str, float]:
+        rows = self.conn.execute(
+            "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c JOIN pg_namespace n ON n.oid = "
+            "c.relnamespace WHERE n.nspname = %s AND c.relname LIKE 'osa_fact_terms%%'",
+            (self.config.kb_schema,),
+        ).fetchall()
+        return {name: round(size / 2**20, 1) for name, size in rows}
+
+    def measure_size(self, size: int) -> dict[str, Any]:
+        """``--queries`` sampled facts, each by its own text and by its paraphrase, through ``Memory.recall`` on both
+        paths in turn (which goes first alternates): latency with the query embedding, top-k hits, agreement."""
+        p = self.p
+        memory = self.new_memory()
+        assert memory.kb is not None
+        repo = memory.kb.facts
+        configured = repo.exact_scope_max = p.exact_scope_max
+        rows = self.recall_rows()
+        with repo.reading() as conn:
+            seen = repo.scope_size(self.callers[0].org_id, self.callers[0].assignment_id, conn=conn).facts
+        product_path = "big" if seen > configured else "exact"
+        thresholds = {"big": configured if seen > configured else 0, "exact": FORCE_EXACT}
+        caller = self.callers[0]
+        sample = random.Random(p.seed * 1_000_003 + size).sample(range(size), min(p.queries, size))
+        queries = [(self.facts[i], kind) for kind in KINDS for i in sample]
+        runs = {side: SideRun() for side in BIG_SIDES}
+        embed_seconds = []
+        for fact, kind in queries[: min(3, len(queries))]:  # warm-up, unmeasured
+            for side in BIG_SIDES:
+                repo.exact_scope_max = thresholds[side]
+                memory.recall(fact.query(kind), limit=p.k, caller=caller)
+        try:
+            with ProgressLog(f"recall at {size:,} facts (big and exact)", len(queries)) as bar:
+                for n, (fact, kind) in enumerate(queries):
+                    text = fact.query(kind)
+                    for side in BIG_SIDES if n % 2 == 0 else BIG_SIDES[::-1]:
+                        repo.exact_scope_max = thresholds[side]
+                        t0 = time.perf_counter()
+                        answer = memory.recall(text, limit=p.k, caller=caller)
+                        elapsed = time.perf_counter() - t0
+                        run = runs[side]
+                        run.seconds.append(elapsed)
+                        ids = [f["document_id"] for f in answer["facts"]]
+                        run.top.append(ids)
+                        run.hits[kind] += self.document_ids[fact.index] in ids
+                        run.degraded += "degraded" in answer
+                    t0 = time.perf_counter()
+                    self.text_embedder.run(text=text)
+                    embed_seconds.append(time.perf_counter() - t0)
+                    bar.advance(1)
+        finally:
+            repo.exact_scope_max = configured
+        per_kind = len(sample)
+        paths = {
+            side: {
+                "exact_scope_max": thresholds[side],
+                "forced": side != product_path,
+                "latency_ms": percentiles(run.seconds),
+                "own_hit": round(run.hits["own"] / per_kind, 4),
+                "para_hit": round(run.hits["para"] / per_kind, 4),
+                "degraded": run.degraded,
+                "mean_returned": round(float(np.mean([len(t) for t in run.top])), 2),
+            }
+            for side, run in runs.items()
+        }
+        big, exact = runs["big"].top, runs["exact"].top
+        overlap = [len(set(b) & set(e)) / max(len(b), len(e), 1) for b, e in zip(big, exact, strict=True)]
+        same = [set(b) == set(e) for b, e in zip(big, exact, strict=True)]
+        agreement = {
+            "identical_top_k_share": round(float(np.mean(same)), 4),
+            "identical_order_share": round(float(np.mean([b == e for b, e in zip(big, exact, strict=True)])), 4),
+            "mean_overlap": round(float(np.mean(overlap)), 4),
+            "min_overlap": round(float(np.min(overlap)), 4),
+            "by_kind": {
+                kind: {
+                    "identical_top_k_share": round(float(np.mean(same[i * per_kind : (i + 1) * per_kind])), 4),
+                    "mean_overlap": round(float(np.mean(overlap[i * per_kind : (i + 1) * per_kind])), 4),
+                }
+                for i, kind in enumerate(KINDS)
+            },
+        }
+        lat_big, lat_exact = paths["big"]["latency_ms"], paths["exact"]["latency_ms"]
+        return {
+            "facts": size,
+            "recall_rows": rows,
+            "scope_size_seen_by_recall": seen,
+            "exact_scope_max": configured,
+            "product_path": product_path,
+            "queries": len(queries),
+            "sampled_facts": per_kind,
+            "paths": paths,
+            "agreement": agreement,
+            "speedup": {q: round(lat_exact[q] / lat_big[q], 2) for q in ("p50", "p95")},
+            "query_embedding_ms": percentiles(embed_seconds),
+            "relation_sizes_mib": self.relation_sizes(),
+        }
+
+    def run(self, checkpoint: Callable[[], None] | None = None) -> None:
+        """Grow and measure every size; ``checkpoint`` after each (writes the JSON so far)."""
+        for size in self.p.scope_sizes:
+            entry: dict[str, Any] = {"facts": size, "write": self.grow(size), "load_avg": _load_avg()}
+            rows = self.recall_rows()
+            if rows["scope"] != size or rows["scope_indexed"] != size:
+                msg = f"the measured scope holds {size} facts but {rows} recall rows: the writer left facts without one"
+                raise RuntimeError(msg)
+            entry |= self.measure_size(size)
+            self.report.big_scope["sizes"].append(entry)
+            print_big_size(entry, self.p.k)
+            self.sample_memory(f"after {size:,} facts")
+            if checkpoint is not None:
+                checkpoint()
+        self.report.big_scope["targets"] = big_targets(self.report.big_scope["sizes"], self.p.k)
+
+
+def code_fingerprint() -> dict[str, str]:
+    """sha256 (first 12 hex digits) and modification time of the modules that rank a scope: the figures belong
+    to that code."""
+    import haystack_osa_memory.store.facts as facts_module
+    import haystack_osa_memory.store.ranking as ranking_module
+
+    out = {}
+    for module in (facts_module, ranking_module):
+        path = Path(module.__file__ or "")
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+        modified = datetime.fromtimestamp(path.stat().st_mtime, UTC).isoformat(timespec="seconds")
+        out[path.name] = f"{digest} (modified {modified})"
+    return out
+
+
+def _torch_threads(threads: int) -> int | None:
+    """Set torch's intra-op threads (0: leave torch's default, one per core) and return the number in use.
+
+    On a machine whose cores other work shares, torch's default spins its threads against that work: on this
+    project's 2-core VM, with one core busy, MiniLM embedded 15 documents/s on 2 threads and 198 on 1."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if threads > 0:
+        torch.set_num_threads(threads)
+    return int(torch.get_num_threads())
+
+
+def _load_avg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def big_targets(sizes: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+    """The big-scope targets: measured (``met`` True/False) or not measured in this run (``met`` None)."""
+    by_size = {s["facts"]: s for s in sizes}
+    out: list[dict[str, Any]] = []
+    at_100k = by_size.get(100_000)
+    p95 = at_100k["paths"]["big"]["latency_ms"]["p95"] if at_100k else None
+    out.append(
+        {
+            "target": f"big path recall p95 <= {BIG_P95_MS_AT_100K:g} ms at 100,000 facts (query embedding included)",
+            "value": f"{p95:.1f} ms" if p95 is not None else "not measured (no 100,000 size)",
+            "met": None if p95 is None else p95 <= BIG_P95_MS_AT_100K,
+        }
+    )
+    at_10k, at_1k = by_size.get(10_000), by_size.get(1_000)
+    if at_10k and at_1k:
+        product = at_10k["paths"][at_10k["product_path"]]["latency_ms"]
+        exact = at_1k["paths"]["exact"]["latency_ms"]
+        value = (
+            f"{at_10k['product_path']} path at 10k p50 {product['p50']:.1f} / p95 {product['p95']:.1f} ms vs exact at "
+            f"1k p50 {exact['p50']:.1f} / p95 {exact['p95']:.1f} ms"
+        )
+        met: bool | None = product["p50"] <= exact["p50"] and product["p95"] <= exact["p95"]
+    else:
+        value, met = "not measured (needs sizes 1,000 and 10,000)", None
+    out.append(
+        {
+            "target": "recall at 10,000 facts (product path) no slower than the exact path at 1,000",
+            "value": value,
+            "met": met,
+        }
+    )
+    lowest = min(sizes, key=lambda s: s["paths"]["big"]["own_hit"]) if sizes else None
+    out.append(
+        {
+            "target": f"own text in top {k} >= {BIG_OWN_TEXT_MIN:.0%} (big path, every size)",
+            "value": (
+                f"lowest {lowest['paths']['big']['own_hit']:.1%} at {lowest['facts']:,} facts" if lowest else "no sizes"
+            ),
+            "met": None if lowest is None else lowest["paths"]["big"]["own_hit"] >= BIG_OWN_TEXT_MIN,
+        }
+    )
+    return out
+
+
+def print_big_size(s: dict[str, Any], k: int) -> None:
+    """One size of the big-scope run (printed as soon as it is measured)."""
+    w, a = s["write"], s["agreement"]
+    table = Table(
+        title=(
+            f"{s['facts']:,} facts in one assignment ({s['recall_rows']['table']:,} recall rows in the table); product "
+            f"path: {s['product_path']} (exact_scope_max {s['exact_scope_max']:,}); {s['sampled_facts']} facts x 2 "
+            f"query kinds; top {k}"
+        )
+    )
+    for col in ("path", "p50 ms", "p95 ms", "p99 ms", "own text in top k", "paraphrase in top k", "degraded", "note"):
+        table.add_column(col, justify="left" if col in ("path", "note") else "right")
+    for side in BIG_SIDES:
+        path = s["paths"][side]
+        lat = path["latency_ms"]
+        table.add_row(
+            side,
+            f"{lat['p50']:.2f}",
+            f"{lat['p95']:.2f}",
+            f"{lat['p99']:.2f}",
+            f"{path['own_hit']:.1%}",
+            f"{path['para_hit']:.1%}",
+            str(path["degraded"]),
+            ("forced" if path["forced"] else "product default") + f", exact_scope_max {path['exact_scope_max']:,}",
+        )
+    console.print(table)
+    q = s["query_embedding_ms"]
+    console.print(
+        f"speed-up exact/big: p50 {s['speedup']['p50']:.2f}x, p95 {s['speedup']['p95']:.2f}x  |  same top-{k} set as "
+        f"exact: {a['identical_top_k_share']:.1%} of queries (own {a['by_kind']['own']['identical_top_k_share']:.1%}, "
+        f"paraphrase {a['by_kind']['para']['identical_top_k_share']:.1%}); "
+        f"same order {a['identical_order_share']:.1%}; "
+        f"mean overlap {a['mean_overlap']:.3f} (min {a['min_overlap']:.3f})  |  query embedding alone p50 "
+        f"{q['p50']:.2f} / p95 {q['p95']:.2f} ms  |  stored {w['facts_written']:,} facts in {w['write_s']} s = "
+        f"{w['facts_per_s']} facts/s ({w['facts_embedded']:,} embedded in {w['embed_s']} s = {w['embedded_per_s']}/s); "
+        f"load {s['load_avg']}",
+        highlight=False,
+    )
+
+
+def print_big_report(r: Report) -> None:
+    m, p, b = r.machine, r.params, r.big_scope
+    console.rule("[bold]haystack-osa-memory scale benchmark: big scopes")
+    console.print(
+        f"date {r.started_at}  |  {m['cpu_model']}, {m['cores']} cores, {m['ram_gb']} GB RAM  |  {m['os']}, "
+        f"Python {m['python']}  |  torch threads {b.get('torch_threads')}, query precision {b.get('query_precision')}"
+    )
+    console.print(
+        f"load average (1/5/15 min) at start {m['load_avg_at_start']}, at end {r.load_avg_at_end}; PostgreSQL "
+        f"{r.server.get('version')}, pgvector {r.server.get('pgvector')}, "
+        f"shared_buffers {r.server.get('shared_buffers')}"
+    )
+    console.print(
+        f"{p['chunks']:,} customer chunks (COPY); {p['assignments']} assignments of one org grown to "
+        f"{', '.join(f'{n:,}' for n in p['scope_sizes'])} facts each through Memory.import_items (MiniLM float32, "
+        f"batches of {IMPORT_BATCH}); the first is measured; seed {p['seed']}",
+        highlight=False,
+    )
+    console.print(
+        "ranking code: " + ", ".join(f"{name} {value}" for name, value in b.get("code", {}).items()), highlight=False
+    )
+    table = Table(
+        title=f"Big-scope path vs exact path, Memory.recall in process (query embedding included), top {p['k']}"
+    )
+    for col in (
+        "facts",
+        "product path",
+        "big p50 / p95 ms",
+        "exact p50 / p95 ms",
+        "speed-up p50 / p95",
+        f"same top {p['k']}",
+        "mean overlap",
+        "own text big / exact",
+        "paraphrase big / exact",
+    ):
+        table.add_column(col, justify="right")
+    for s in b["sizes"]:
+        big, exact = s["paths"]["big"], s["paths"]["exact"]
+        table.add_row(
+            f"{s['facts']:,}",
+            s["product_path"],
+            f"{big['latency_ms']['p50']:.1f} / {big['latency_ms']['p95']:.1f}" + (" (forced)" if big["forced"] else ""),
+            f"{exact['latency_ms']['p50']:.1f} / {exact['latency_ms']['p95']:.1f}",
+            f"{s['speedup']['p50']:.2f}x / {s['speedup']['p95']:.2f}x",
+            f"{s['agreement']['identical_top_k_share']:.1%}",
+            f"{s['agreement']['mean_overlap']:.3f}",
+            f"{big['own_hit']:.1%} / {exact['own_hit']:.1%}",
+            f"{big['para_hit']:.1%} / {exact['para_hit']:.1%}",
+        )
+    console.print(table)
+    for t in b["targets"]:
+        verdict = {True: "[green]met[/] (", False: "[red]NOT met[/] (", None: "[yellow]"}[t["met"]]
+        close = "" if t["met"] is None else ")"
+        console.print(f"target: {t['target']}: {verdict}{t['value']}{close}", highlight=False)
+    console.print(f"total run time {r.total_seconds:.1f} s")
+
+
 # --------------------------------------------------------------------------------------------- output
 
 
@@ -1212,9 +1803,11 @@ def print_report(r: Report) -> None:
     )
     b = r.build
     console.print(
-        f"bulk import: {b['rows_copied']:,} rows ({b['chunks']:,} chunks) by COPY in {b['copy_s']} s = "
+        f"customer chunks: {b['rows_copied']:,} rows ({b['chunks']:,} chunks) by COPY in {b['copy_s']} s = "
         f"{b['copy_rows_per_s']:,} rows/s ({b['copy_chunks_per_s']:,} chunks/s; text generation "
-        f"{b['generate_s']} s apart); ANALYZE {b['analyze_s']} s; HNSW build "
+        f"{b['generate_s']} s apart); facts: {b['facts_written']:,} through the product's writer "
+        f"(Memory.import_items, batches of {IMPORT_BATCH}, lookup embedder) in {b['facts_write_s']} s = "
+        f"{b['facts_per_s']:,} facts/s; ANALYZE {b['analyze_s']} s; HNSW build "
         + (f"{b['hnsw_build_s']} s" if "hnsw_build_s" in b else "skipped")
     )
 
@@ -1317,14 +1910,34 @@ def write_plot(r: Report, path: Path) -> None:
 # --------------------------------------------------------------------------------------------- main
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(x.replace("_", "")) for x in text.split(",") if x.strip())
+    except ValueError:
+        msg = f"expected comma-separated integers, got {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+    if not sizes or min(sizes) < 1 or list(sizes) != sorted(set(sizes)):
+        msg = f"expected increasing positive sizes, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return sizes
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[Params, argparse.Namespace]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--chunks", type=int, required=True, help="customer chunks in the knowledge base")
-    parser.add_argument("--assignments", type=int, default=200, help="assignments with facts (default 200)")
-    parser.add_argument("--facts-per-assignment", type=int, default=20, help="facts per assignment (default 20)")
-    parser.add_argument("--queries", type=int, default=100, help="target facts queried (default 100)")
+    parser.add_argument(
+        "--assignments", type=int, help="assignments with facts (default 200; with --big-scope: assignments grown, 2)"
+    )
+    parser.add_argument(
+        "--facts-per-assignment",
+        type=int,
+        help="facts per assignment (default 20; with --big-scope: the largest scope size, default 100,000)",
+    )
+    parser.add_argument(
+        "--queries", type=int, help="target facts queried (default 100; with --big-scope: per size, 200)"
+    )
     parser.add_argument("--topics", type=int, default=1000, help="topics of the synthetic corpus (default 1000)")
-    parser.add_argument("--k", type=int, default=10, help="top k (1-20, default 10)")
+    parser.add_argument("--k", type=int, help="top k (1-20; default 10, with --big-scope 8 as Memory.recall)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--batch", type=int, default=20000, help="rows per COPY batch")
     parser.add_argument("--hnsw-m", type=int, default=16)
@@ -1340,32 +1953,115 @@ def parse_args(argv: list[str] | None = None) -> tuple[Params, argparse.Namespac
     parser.add_argument(
         "--no-mcp", action="store_true", help="skip recall through the MCP server (and its in-process baseline)"
     )
+    big = parser.add_argument_group(
+        "big scopes",
+        "--big-scope measures recall on one big assignment instead of the design comparison: the big-scope path "
+        "against the exact path, with the real MiniLM embedders",
+    )
+    big.add_argument("--big-scope", action="store_true", help="run the big-scope measurement")
+    big.add_argument(
+        "--scope-sizes",
+        type=_sizes,
+        help="sizes the measured assignment grows through, measured at each (default 1000,10000,100000 up to "
+        "--facts-per-assignment)",
+    )
+    big.add_argument(
+        "--exact-scope-max",
+        type=int,
+        help=f"FactRepository.exact_scope_max of the product path (default {EXACT_SCOPE_MAX}); a small value takes "
+        "the big-scope path on small scopes (smoke runs)",
+    )
+    big.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads for MiniLM (default 1; 0 keeps torch's default, one per core)",
+    )
     args = parser.parse_args(argv)
-    if args.chunks < 1 or args.assignments < 1 or args.facts_per_assignment < 1:
-        parser.error("--chunks, --assignments and --facts-per-assignment must be positive")
-    if not 1 <= args.queries <= min(args.topics, args.assignments * args.facts_per_assignment):
-        parser.error("--queries must be from 1 to min(--topics, assignments x facts)")
-    if not 1 <= args.k <= 20:
+    big_scope: bool = args.big_scope
+    if not big_scope and (args.scope_sizes is not None or args.exact_scope_max is not None):
+        parser.error("--scope-sizes and --exact-scope-max go with --big-scope")
+    assignments = args.assignments if args.assignments is not None else (2 if big_scope else 200)
+    queries = args.queries if args.queries is not None else (200 if big_scope else 100)
+    k = args.k if args.k is not None else (8 if big_scope else 10)
+    sizes: tuple[int, ...] = ()
+    if big_scope:
+        if args.scope_sizes is not None:
+            sizes = args.scope_sizes
+            if args.facts_per_assignment is not None and args.facts_per_assignment != sizes[-1]:
+                parser.error("--facts-per-assignment must be the largest of --scope-sizes (or leave it out)")
+        elif args.facts_per_assignment is not None:
+            top = args.facts_per_assignment
+            sizes = (*(n for n in BIG_DEFAULT_SIZES if n < top), top) if top >= 1 else ()
+        else:
+            sizes = BIG_DEFAULT_SIZES
+        facts_per_assignment = sizes[-1] if sizes else 0
+        if args.chunks < 0 or assignments < 1 or facts_per_assignment < 1:
+            parser.error("--chunks must be >= 0, --assignments and --facts-per-assignment positive")
+        if queries < 1:
+            parser.error("--queries must be positive")
+        exact_scope_max = args.exact_scope_max if args.exact_scope_max is not None else EXACT_SCOPE_MAX
+        if exact_scope_max < 0 or args.torch_threads < 0:
+            parser.error("--exact-scope-max and --torch-threads must be >= 0")
+    else:
+        facts_per_assignment = args.facts_per_assignment if args.facts_per_assignment is not None else 20
+        exact_scope_max = EXACT_SCOPE_MAX
+        if args.chunks < 1 or assignments < 1 or facts_per_assignment < 1:
+            parser.error("--chunks, --assignments and --facts-per-assignment must be positive")
+        if not 1 <= queries <= min(args.topics, assignments * facts_per_assignment):
+            parser.error("--queries must be from 1 to min(--topics, assignments x facts)")
+    if not 1 <= k <= 20:
         parser.error("--k must be from 1 to 20 (Memory.recall's limit)")
     params = Params(
         chunks=args.chunks,
-        assignments=args.assignments,
-        facts_per_assignment=args.facts_per_assignment,
-        queries=args.queries,
+        assignments=assignments,
+        facts_per_assignment=facts_per_assignment,
+        queries=queries,
         topics=args.topics,
-        k=args.k,
+        k=k,
         seed=args.seed,
         batch=args.batch,
         hnsw_m=args.hnsw_m,
         hnsw_ef_construction=args.hnsw_ef_construction,
         ef_search=args.ef_search,
         maintenance_work_mem=args.maintenance_work_mem,
+        big_scope=big_scope,
+        scope_sizes=sizes,
+        exact_scope_max=exact_scope_max,
+        torch_threads=args.torch_threads,
     )
     return params, args
 
 
+def run_big_scope(params: Params, args: argparse.Namespace) -> int:
+    """``--big-scope``: build, grow and measure (`BigScopeBench`), print, write the JSON."""
+    started = time.perf_counter()
+
+    def write_json(report: Report) -> None:
+        if args.json:
+            args.json.write_text(json.dumps(asdict(report), indent=2, default=str) + "\n", encoding="utf-8")
+
+    with database() as conn_str:
+        bench = BigScopeBench(conn_str, params)
+        try:
+            bench.build()
+            bench.run(checkpoint=lambda: write_json(bench.report))
+        finally:
+            bench.drop()
+    report = bench.report
+    report.total_seconds = round(time.perf_counter() - started, 1)
+    report.load_avg_at_end = _load_avg()
+    print_big_report(report)
+    if args.json:
+        write_json(report)
+        console.print(f"JSON written to {args.json}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     params, args = parse_args(argv)
+    if params.big_scope:
+        return run_big_scope(params, args)
     started = time.perf_counter()
     with database() as conn_str:
         bench = Bench(conn_str, params)

@@ -303,6 +303,7 @@ def _serve_workers(host: str, port: int, log_level: str, processes: int) -> None
         sock = config.bind_socket()
     except SystemExit:
         raise typer.Exit(3) from None  # the address is taken (uvicorn logged it)
+
     class Supervisor(Multiprocess):
         terminated = False
 
