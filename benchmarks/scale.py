@@ -22,10 +22,11 @@ the topic keywords 1-4 times among generated filler sentences, and their vector 
 anchor drawn uniformly from [0.30, 0.95]. A fact mentions its topic's keywords once among specific
 details (person, team, ticket code), and its vector has a cosine of 0.6-0.8 to the anchor.
 Vectors are deterministic synthetic 384-d unit vectors. Customer chunks are bulk-loaded with ``COPY``;
-facts are written through the product's writer (``Memory.import_items``: the store pipeline, batches of 64,
-``FactRepository.write``, with a document "embedder" that looks up the synthetic vector), so that each fact
-gets its recall row in ``osa_fact_terms`` as in production (a fact loaded by other means has none, and recall
-reads it the slow way, from its chunk).
+facts are written through the product's writer (the rows of ``ScopeMarkerWriter``, written by
+``GovernedFactWriter`` / ``FactRepository.write`` in batches of 64, the synthetic vector as embedding), so that
+each fact gets its recall row in ``osa_fact_terms`` as in production (a fact loaded by other means has none,
+and recall reads it the slow way, from its chunk). The benchmark adds ``assignment_id`` to the facts' chunk
+meta (design (b) filters on it; the product does not write it there).
 
 **Targets.** ``--queries`` facts (one per assignment, on distinct topics) are written through the
 real ``Memory.store`` pipeline, which gives the store latency. Each is queried twice:
@@ -155,6 +156,7 @@ import numpy as np
 import psutil
 import psycopg
 from haystack import Document, component
+from haystack.utils import Secret
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from pgvector.psycopg import register_vector
@@ -164,14 +166,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from haystack_osa_memory import Caller, Memory, MemoryConfig
+from haystack_osa_memory import Caller, GovernedFactWriter, Memory, MemoryConfig, MemoryStore, ScopeMarkerWriter
 from haystack_osa_memory.config import ENVIRONMENT
 from haystack_osa_memory.markers import content_hash, document_id, marked_fact
 from haystack_osa_memory.store.database import close_pools, scratch_database
 from haystack_osa_memory.store.facts import (
     EXACT_SCOPE_MAX,
     FACT_AUDIENCE,
-    FACT_SOURCE,
     FactRepository,
     vector_literal,
 )
@@ -933,8 +934,13 @@ class Bench:
 
     def write_bulk_facts(self, bar: Progress) -> None:
         """Facts of every assignment (the targets are stored later through Memory.store), written through the
-        product's writer (`Memory.import_items`: store pipeline, `FactRepository.write`) so that each gets its
-        recall row (osa_fact_terms), as in production; the document "embedder" looks up the synthetic vector."""
+        product's writer so that each gets its recall row in osa_fact_terms, as in production: the rows the store
+        pipeline makes (`ScopeMarkerWriter`), written by `GovernedFactWriter` (`FactRepository.write`, one
+        transaction and one pipelined statement per batch of `IMPORT_BATCH`, with audit rows), with the synthetic
+        vectors as embeddings. Design (b) filters on ``assignment_id`` in the chunk meta, which the product does not
+        write there: it is added to each marked chunk before the write (an UPDATE afterwards would leave dead row
+        versions that change the comparison designs' plans). Texts, vectors and topics are drawn in the same order
+        as when these facts were COPY-loaded, so the corpus is the same as in earlier runs."""
         p = self.p
         callers = [
             Caller(org_id=ORGS[a % len(ORGS)], assignment_id=f"asg-{a:05d}", specialist_id=f"spec-{a % 9}")
@@ -944,25 +950,43 @@ class Bench:
         bulk_per_assignment = [p.facts_per_assignment] * p.assignments
         for i in range(p.queries):
             bulk_per_assignment[i % p.assignments] -= 1
-        memory = self.store_memory()
+        specs = [
+            (c, int(self.corpus.rng.integers(p.topics)))
+            for c, n in zip(callers, bulk_per_assignment, strict=True)
+            for _ in range(max(n, 0))
+        ]
+        marker = ScopeMarkerWriter(dataset=self.config.dataset, status=self.config.admitted_statuses[0])
+        writer = GovernedFactWriter(store=MemoryStore.from_config(self.config, Secret.from_token(self.conn_str)))
+        writer.warm_up()
         written, gen_s, write_s = 0, 0.0, 0.0
-        task = bar.add_task("facts (Memory.import_items)", total=sum(max(n, 0) for n in bulk_per_assignment))
-        for caller, n in zip(callers, bulk_per_assignment, strict=True):
-            if n <= 0:
-                continue
+        task = bar.add_task("facts (GovernedFactWriter)", total=len(specs))
+        for start in range(0, len(specs), p.batch):
             t0 = time.perf_counter()
-            facts = self.corpus.fact_items([int(t) for t in self.corpus.rng.integers(p.topics, size=n)])
-            self.fact_vectors.update((text, vector.tolist()) for text, vector in facts)
+            batch = specs[start : start + p.batch]
+            facts = self.corpus.fact_items([topic for _, topic in batch])
+            by_caller: dict[str, tuple[Caller, list[Document]]] = {}
+            for (caller, _), (text, vector) in zip(batch, facts, strict=True):
+                doc = Document(content=text, embedding=vector.tolist(), meta={"kind": "fact"})
+                by_caller.setdefault(caller.assignment_id, (caller, []))[1].append(doc)
             gen_s += time.perf_counter() - t0
             t0 = time.perf_counter()
-            imported = memory.import_items(
-                (ImportItem(fact=text, origin=f"bulk-{i}") for i, (text, _) in enumerate(facts)),
-                caller=caller,
-                batch_size=IMPORT_BATCH,
-                on_batch=lambda done: bar.advance(task, done),
-            )
+            for caller, docs in by_caller.values():
+                for at in range(0, len(docs), IMPORT_BATCH):
+                    marked = marker.run(
+                        documents=docs[at : at + IMPORT_BATCH],
+                        org_id=caller.org_id,
+                        assignment_id=caller.assignment_id,
+                        specialist_id=caller.specialist_id,
+                    )
+                    chunks = [
+                        replace(d, meta={**d.meta, "assignment_id": caller.assignment_id}) for d in marked["documents"]
+                    ]
+                    ids = writer.run(
+                        documents=chunks, governing_rows=marked["governing_rows"], actor="bench", action="import"
+                    )["document_ids"]
+                    written += len(ids)
+                    bar.advance(task, len(ids))
             write_s += time.perf_counter() - t0
-            written += imported.stored
         self.report.build |= {
             "facts_written": written,
             "facts_generate_s": round(gen_s, 2),
@@ -988,17 +1012,15 @@ class Bench:
                 stored.append(replace(t, document_id=answer["document_id"]))
         self.targets = stored
         self.report.store_latency_ms["no HNSW index"] = percentiles(seconds)
-        # Design (b) filters on chunk meta (pgvector-haystack filters), which Memory.store does not write: copy
-        # every fact's assignment there (a meta update leaves the facts' recall rows alone).
+        # Design (b) filters on chunk meta (pgvector-haystack filters), which Memory.store does not write.
         self.conn.execute(
             self.q(
                 "UPDATE {schema}.{chunk} c SET meta = c.meta || jsonb_build_object('assignment_id', "
                 "g.metadata->>'assignment_id') FROM {schema}.{gov} g "
-                "WHERE g.id = c.meta->>'document_id' AND g.source = %s"
+                "WHERE g.id = c.meta->>'document_id' AND g.id = ANY(%s)"
             ),
-            (FACT_SOURCE,),
+            ([t.document_id for t in self.targets],),
         )
-        self.conn.execute(self.q("ANALYZE {schema}.{chunk}"))
 
     def store_more(self, label: str) -> None:
         """Store latency again after the queries (new facts in the targets' scopes), usually with the HNSW index."""
@@ -1806,7 +1828,7 @@ def print_report(r: Report) -> None:
         f"customer chunks: {b['rows_copied']:,} rows ({b['chunks']:,} chunks) by COPY in {b['copy_s']} s = "
         f"{b['copy_rows_per_s']:,} rows/s ({b['copy_chunks_per_s']:,} chunks/s; text generation "
         f"{b['generate_s']} s apart); facts: {b['facts_written']:,} through the product's writer "
-        f"(Memory.import_items, batches of {IMPORT_BATCH}, lookup embedder) in {b['facts_write_s']} s = "
+        f"(GovernedFactWriter, batches of {IMPORT_BATCH}, synthetic vectors) in {b['facts_write_s']} s = "
         f"{b['facts_per_s']:,} facts/s; ANALYZE {b['analyze_s']} s; HNSW build "
         + (f"{b['hnsw_build_s']} s" if "hnsw_build_s" in b else "skipped")
     )
