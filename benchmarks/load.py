@@ -32,7 +32,6 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import platform
 import random
 import subprocess
 import sys
@@ -54,6 +53,7 @@ from mcp.client.streamable_http import streamable_http_client
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from scale import machine_info  # benchmarks/ is on sys.path when a benchmark runs as a script
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
 from haystack_osa_memory.store.database import scratch_database
@@ -107,22 +107,6 @@ class Report:
     params: dict[str, Any]
     started_at: str
     results: list[PhaseResult] = field(default_factory=list)
-
-
-def machine_info() -> dict[str, Any]:
-    model = platform.processor() or platform.machine()
-    with suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu_model": model,
-        "cores": os.cpu_count(),
-        "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
-        "python": platform.python_version(),
-        "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
-    }
 
 
 def percentiles(seconds: list[float]) -> dict[str, float]:
