@@ -33,6 +33,7 @@ ENVIRONMENT: dict[str, str] = {
     "OSA_MEMORY_POOL_TIMEOUT": "pool_timeout",
     "OSA_MEMORY_ENABLED": "enabled",
     "OSA_MEMORY_TRUST_FLOOR": "trust_floor",
+    "OSA_MEMORY_SUGGEST_SUPERSEDES": "suggest_supersedes",
     "OSA_MEMORY_BUFFER": "buffer_path",
     "OSA_MEMORY_OFFLINE_GRACE": "offline_grace",
     "OSA_MEMORY_REDACTION_OFF": "redaction_off",
@@ -76,6 +77,8 @@ class MemoryConfig(BaseModel):
     pool_timeout: float = Field(default=5.0, gt=0, le=120)
     enabled: bool = True
     trust_floor: float = Field(default=0.3, ge=0, le=1)
+    #: `kb_memory_store` searches the scope for facts the new one probably replaces (`possibly_supersedes`).
+    suggest_supersedes: bool = True
     buffer_path: Path | None = None
     offline_grace: float = Field(default=900.0, ge=0, le=86400)
     redaction_off: tuple[str, ...] = ()

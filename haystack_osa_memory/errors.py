@@ -11,6 +11,11 @@ class InvalidInputError(OsaMemoryError, ValueError):
     """A tool or API argument is outside what is allowed; nothing was written."""
 
 
+class SupersessionError(InvalidInputError):
+    """A fact named in ``supersedes`` cannot be superseded (unknown in this scope, already superseded, not live,
+    the fact itself, or valid from later than its successor); nothing was written."""
+
+
 class ConfigurationError(OsaMemoryError, ValueError):
     """A setting or environment variable has a value that is not allowed."""
 

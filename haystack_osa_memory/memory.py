@@ -6,7 +6,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,8 @@ from haystack_osa_memory.store.lifecycle import (
 )
 from haystack_osa_memory.store.memory_store import MemoryStore
 from haystack_osa_memory.store.schema import InitReport, SchemaState, ensure_schema, prepare_schema
+from haystack_osa_memory.supersession import Weights, probable_succession
+from haystack_osa_memory.tools import SUPERSEDES_MAX
 from haystack_osa_memory.transfer import ImportItem, ImportReport, import_facts
 from haystack_osa_memory.validation import (
     KINDS,
@@ -49,18 +51,33 @@ from haystack_osa_memory.validation import (
     VERDICTS,
     check_choice,
     check_document_id,
+    check_document_ids,
     check_fact,
     check_limit,
     check_query,
     check_string_list,
     check_text,
+    check_timestamp,
     check_topic,
     check_ttl_days,
+    check_validity,
     normalise,
 )
 from haystack_osa_memory.yaml_pipelines import EMBED, PipelineDefinitions, load_pipeline
 
 logger = logging.getLogger(__name__)
+
+#: The scope's best matches for a stored fact that are tested as facts it may replace, and how many are offered.
+SUGGESTIONS_SEARCHED = 10
+SUGGESTIONS_MAX = 5
+#: Content-word overlap for a suggestion: lower than recall's (`supersession.SIMILARITY_MIN`), because the
+#: agent confirms what is suggested, and a missed predecessor keeps answering as if it still held.
+SUGGESTION_SIMILARITY_MIN = 0.3
+JUDGE_PROMPT = """You keep an engineering team's memory. Does the NEW fact replace the OLD fact, i.e. is it \
+about the same subject and states a changed value, so that the OLD fact no longer holds?
+OLD: {old}
+NEW: {new}
+Answer with one word: yes or no."""
 
 
 def _unwrap(error: PipelineRuntimeError) -> BaseException:
@@ -87,6 +104,11 @@ def _scope_params(caller: Caller) -> dict[str, Any]:
 
 def _not_found(document_id: str) -> str:
     return f"no fact {document_id} in this assignment"
+
+
+def _link(version: dict[str, Any]) -> dict[str, Any]:
+    """One version of a chain as `kb_memory_read` shows it."""
+    return {k: version[k] for k in ("document_id", "status", "valid_from", "valid_to", "content")}
 
 
 _CONNECTION_DETAIL = re.compile(r"connection to server|socket|host=|\bport\b|\buser\b", re.IGNORECASE)
@@ -128,6 +150,7 @@ class Memory:
         use_default_embedders: bool = True,
         init_schema: bool = False,
         definitions: PipelineDefinitions | None = None,
+        judge: Any | None = None,
     ) -> None:
         """
         :param config: Settings; `MemoryConfig.from_env()` by default.
@@ -137,11 +160,15 @@ class Memory:
         :param init_schema: Apply the migrations on first use, as `osa-memory init` does. Off by default:
             on a team's database (`PG_CONN_STR`) memory only checks the schema version and runs no DDL;
             the embedded default database is brought up to date automatically.
+        :param judge: Any Haystack chat generator (``run(messages=[ChatMessage])`` answering ``replies``) that
+            decides whether a stored fact replaces the facts `possibly_supersedes` would offer; those it
+            confirms are superseded at once. Off by default (no LLM is needed).
         :param definitions: Run these YAML store and recall pipelines (`yaml_pipelines`) instead of the
             built-in ones; their embedder is the one used, and the embedder arguments are then not allowed.
         """
         self.config = config or MemoryConfig.from_env()
         self.definitions = definitions
+        self.judge = judge
         if definitions is not None:
             if document_embedder is not None or text_embedder is not None:
                 msg = "the pipeline definitions name their embedder: give embedders or definitions, not both"
@@ -195,6 +222,8 @@ class Memory:
                 recall = build_recall_pipeline(self.config, self.text_embedder, store=self.kb)
             store.warm_up()
             recall.warm_up()
+            if self.judge is not None and hasattr(self.judge, "warm_up"):
+                self.judge.warm_up()
             self.lifecycle = self.kb.lifecycle
             self.store_pipeline, self.recall_pipeline = store, recall
 
@@ -217,8 +246,10 @@ class Memory:
         *,
         status: str | None = None,
         action: str = "store",
+        vectors: list[Any] | None = None,
     ) -> tuple[list[str], int]:
-        """Run the store pipeline; returns the document ids and how many values were redacted."""
+        """Run the store pipeline; returns the document ids and how many values were redacted. With
+        ``vectors``, the documents' embeddings (or ``None``) are appended to it."""
         assert self.store_pipeline is not None
         scope = {
             "org_id": caller.org_id,
@@ -232,7 +263,9 @@ class Memory:
             "mark": scope,
             "write": {"actor": caller.run_id, "action": action},
         }
-        result = _run(self.store_pipeline, data, include={"redact"})
+        result = _run(self.store_pipeline, data, include={"redact", "mark"} if vectors is not None else {"redact"})
+        if vectors is not None:
+            vectors.extend(doc.embedding for doc in result.get("mark", {}).get("documents", []))
         return list(result["write"]["document_ids"]), int(result["redact"]["redactions"])
 
     # -- tools ---------------------------------------------------------------------------------
@@ -244,13 +277,25 @@ class Memory:
         caller: Caller,
         kind: str = "fact",
         ttl_days: int | None = None,
+        supersedes: list[str] | None = None,
+        valid_from: str | datetime | date | None = None,
+        valid_to: str | datetime | date | None = None,
     ) -> dict[str, Any]:
         """Store one fact in the caller's assignment (idempotent per assignment).
 
         :param kind: one of `fact`, `procedure`, `pitfall`, `preference`, `reference`.
         :param ttl_days: after this many days the fact is returned marked `stale`, ranked below fresh ones.
-        :returns: `{"stored": True, "assignment_id": ..., "document_id": ...}`
+        :param supersedes: ids of facts of the caller's scope this one replaces: in the same transaction they
+            become `superseded` (kept as history), hold until this fact's `valid_from`, and link to it.
+        :param valid_from: from when the fact holds (ISO 8601, `datetime` or `date`; default: now, or the
+            time it was first stored when the same fact is stored again).
+        :param valid_to: until when it holds (default: until superseded).
+        :returns: `{"stored": True, "assignment_id", "document_id", "redactions",
+            "possibly_supersedes": [{document_id, content}], "superseded": [ids]}`; `possibly_supersedes`
+            lists facts of the scope this one probably replaces (near-duplicate wording, another value),
+            unchanged: store again with `supersedes` to confirm (with a `judge`, the judge decides instead).
         :raises InvalidInputError: an argument is not allowed; nothing is written.
+        :raises SupersessionError: an id in `supersedes` cannot be superseded; nothing is written.
         :raises MemoryOffError: a kill switch is off; nothing is written.
         :raises DatabaseError: the database failed; nothing is written.
         """
@@ -258,25 +303,89 @@ class Memory:
         topic = check_topic(topic)
         kind = check_choice(kind, "kind", KINDS)
         ttl = check_ttl_days(ttl_days)
+        replaced = check_document_ids(supersedes, "supersedes", max_items=SUPERSEDES_MAX)
+        since = check_timestamp(valid_from, "valid_from")
+        until = check_timestamp(valid_to, "valid_to")
+        check_validity(since, until)
+        if until is not None and since is None and until <= datetime.now(UTC):
+            msg = f"valid_to ({until.isoformat()}) is in the past: give valid_from too for a fact that held before"
+            raise InvalidInputError(msg)
         topic, topic_redactions = self._redact_short(topic)
         meta: dict[str, Any] = {"kind": kind}
         if topic is not None:
             meta["topic"] = topic
         if ttl is not None:
             meta["expires_at"] = (datetime.now(UTC) + timedelta(days=ttl)).isoformat()
+        if since is not None:
+            meta["valid_from"] = since.isoformat()
+        if until is not None:
+            meta["valid_to"] = until.isoformat()
+        if replaced:
+            meta["supersedes"] = replaced
         try:
             self._lifecycle(caller)
-            (doc_id,), redactions = self._write([Document(content=text, meta=meta)], caller)
+            vectors: list[Any] = []
+            (doc_id,), redactions = self._write([Document(content=text, meta=meta)], caller, vectors=vectors)
         except DatabaseError as e:
             if classify(e) != "unreachable":
                 raise
-            return self._queue(text, meta, caller, e)
-        return {
+            # Queued facts hold from when they were sent, not from when the buffer is replayed.
+            return self._queue(text, {"valid_from": datetime.now(UTC).isoformat(), **meta}, caller, e)
+        answer: dict[str, Any] = {
             "stored": True,
             "assignment_id": caller.assignment_id,
             "document_id": doc_id,
             "redactions": redactions + topic_redactions,
         }
+        if replaced:
+            answer["superseded"] = replaced
+        if self.config.suggest_supersedes:
+            vector = vectors[0] if vectors else None
+            possible = self._possible_predecessors(text, doc_id, set(replaced), caller, vector)
+            if self.judge is not None and possible:
+                confirmed = [p["document_id"] for p in possible if self._judge_says_replaces(p["content"], text)]
+                if confirmed:
+                    meta["supersedes"] = confirmed
+                    self._write([Document(content=text, meta=meta)], caller, action="store-judged")
+                    answer["superseded"] = [*replaced, *confirmed]
+                possible = []
+            answer["possibly_supersedes"] = possible
+        return answer
+
+    def _possible_predecessors(
+        self, text: str, document_id: str, named: set[str], caller: Caller, embedding: Any | None
+    ) -> list[dict[str, str]]:
+        """Facts of the caller's scope that ``text`` probably restates with another value: the scope's best
+        matches for it (the recall components, with the vector the store just computed: no second
+        embedding), tested by `supersession.probable_succession`."""
+        assert self.recall_pipeline is not None
+        scope = {"org_id": caller.org_id, "assignment_id": caller.assignment_id}
+        retrieved = self.recall_pipeline.get_component("retrieve").run(
+            query=text, query_embedding=embedding, top_k=SUGGESTIONS_SEARCHED, **scope
+        )["documents"]
+        admitted = self.recall_pipeline.get_component("acl").run(documents=retrieved, **scope)["documents"]
+        found = [
+            {"document_id": d.meta["document_id"], "content": d.content or ""}
+            for d in self.recall_pipeline.get_component("strip").run(documents=admitted)["documents"]
+        ]
+        weights = Weights([text, *(f["content"] for f in found)])
+        return [
+            {"document_id": f["document_id"], "content": f["content"]}
+            for f in found
+            if f["document_id"] != document_id
+            and f["document_id"] not in named
+            and probable_succession(f["content"], text, similarity_min=SUGGESTION_SIMILARITY_MIN, weights=weights)
+        ][:SUGGESTIONS_MAX]
+
+    def _judge_says_replaces(self, old: str, new: str) -> bool:
+        """Ask the configured chat generator whether ``new`` replaces ``old`` (first word yes / no)."""
+        from haystack.dataclasses import ChatMessage
+
+        assert self.judge is not None
+        prompt = JUDGE_PROMPT.format(old=old, new=new)
+        replies = self.judge.run(messages=[ChatMessage.from_user(prompt)]).get("replies") or []
+        answer = (replies[0].text or "") if replies else ""
+        return answer.strip().lower().startswith("yes")
 
     def _redact_short(self, text: str | None) -> tuple[str | None, int]:
         """Redact a short field (topic) with the configured classes."""
@@ -360,10 +469,25 @@ class Memory:
         """
         document_id = check_document_id(document_id)
         scope = Scope(caller.org_id, caller.assignment_id)
-        found = self._lifecycle(caller).read(scope, document_id, caller.run_id)
+        lifecycle = self._lifecycle(caller)
+        found = lifecycle.read(scope, document_id, caller.run_id)
         if found is None:
             raise NotFoundError(_not_found(document_id))
+        if found.get("supersedes") or found.get("superseded_by"):
+            found["chain"] = [_link(v) for v in lifecycle.chain(scope, document_id)]
         return found
+
+    def history(self, document_id: str, *, caller: Caller) -> list[dict[str, Any]]:
+        """Every version of a fact (its supersession chain, itself included), oldest validity first: each
+        `{document_id, status, valid_from, valid_to, content, supersedes, superseded_by}`.
+
+        :raises NotFoundError: no such fact in the caller's assignment (the same for other scopes' facts).
+        """
+        document_id = check_document_id(document_id)
+        versions = self._lifecycle(caller).chain(Scope(caller.org_id, caller.assignment_id), document_id)
+        if not versions:
+            raise NotFoundError(_not_found(document_id))
+        return versions
 
     def feedback(self, document_id: str, verdict: str, note: str | None = None, *, caller: Caller) -> dict[str, Any]:
         """Confirm or flag a fact; one vote per (caller run, fact), a changed verdict replaces the old one.
@@ -424,26 +548,59 @@ class Memory:
         scope = Scope(caller.org_id, caller.assignment_id)
         return self._lifecycle(caller).list_facts(scope, status=status, topic=topic, cursor=cursor)
 
-    def recall(self, query: str, limit: int = 8, *, caller: Caller) -> dict[str, Any]:
+    def recall(
+        self,
+        query: str,
+        limit: int = 8,
+        *,
+        caller: Caller,
+        as_of: str | datetime | date | None = None,
+        include_superseded: bool = False,
+    ) -> dict[str, Any]:
         """The caller's facts that best match ``query``, best first, without the scope marker.
 
-        :returns: `{"assignment_id": ..., "facts": [{document_id, content, topic, score, stored_at}]}` plus
-            `"degraded": reason` when the embedder failed and only the lexical side answered.
+        :param as_of: recall the facts that held at this time (ISO 8601, `datetime` or `date`); default now.
+        :param include_superseded: also the facts that no longer hold (superseded or past `valid_to`), each
+            with `valid_to` and `superseded_by` (with `as_of`: every fact that held at some time up to it).
+        :returns: `{"assignment_id": ..., "facts": [{document_id, content, topic, score, stored_at, kind, stale,
+            valid_from, valid_to, superseded_by?, conflicts_with?}]}` plus `"degraded": reason` when the
+            embedder failed and only the lexical side answered. Among facts that restate each other with
+            another value (`conflicts_with`), the one valid from later ranks first.
         """
         query = check_query(query)
         limit = check_limit(limit)
+        at = check_timestamp(as_of, "as_of")
+        if not isinstance(include_superseded, bool):
+            msg = f"include_superseded must be true or false, got {include_superseded!r}"
+            raise InvalidInputError(msg)
         try:
-            return self._recall(query, limit, caller)
+            return self._recall(query, limit, caller, as_of=at, include_superseded=include_superseded)
         except DatabaseError as e:
             if classify(e) != "unreachable":
                 raise
             return self.offline.recall(query, limit, caller)
 
-    def _recall(self, query: str, limit: int, caller: Caller) -> dict[str, Any]:
-        self._lifecycle(caller)
+    def _recall(
+        self,
+        query: str,
+        limit: int,
+        caller: Caller,
+        *,
+        as_of: datetime | None = None,
+        include_superseded: bool = False,
+        checked: bool = False,
+    ) -> dict[str, Any]:
+        if not checked:
+            self._lifecycle(caller)
         assert self.recall_pipeline is not None
         scope = {"org_id": caller.org_id, "assignment_id": caller.assignment_id}
-        data: dict[str, Any] = {"retrieve": {**scope, "query": query, "top_k": limit}, "acl": scope}
+        data: dict[str, Any] = {"retrieve": {**scope, "query": query, "top_k": limit}, "acl": dict(scope)}
+        if as_of is not None:
+            data["retrieve"]["as_of"] = as_of.isoformat()
+        if include_superseded:
+            data["retrieve"]["include_superseded"] = True
+        if as_of is not None or include_superseded:
+            data["acl"]["include_superseded"] = True
         if self.text_embedder is not None:
             data["embed"] = {"text": query}
         result = _run(self.recall_pipeline, data, include={"embed"} if self.text_embedder is not None else None)
@@ -456,6 +613,9 @@ class Memory:
                 "stored_at": doc.meta.get("stored_at"),
                 "kind": doc.meta.get("kind", "fact"),
                 "stale": bool(doc.meta.get("stale")),
+                "valid_from": doc.meta.get("valid_from"),
+                "valid_to": doc.meta.get("valid_to"),
+                **{key: doc.meta[key] for key in ("superseded_by", "conflicts_with") if doc.meta.get(key)},
             }
             for doc in result["strip"]["documents"]
         ]

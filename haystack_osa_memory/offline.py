@@ -17,7 +17,7 @@ from haystack import Document
 
 from haystack_osa_memory.caller import Caller
 from haystack_osa_memory.durable_queue import DurableQueue, rank
-from haystack_osa_memory.errors import OsaMemoryError
+from haystack_osa_memory.errors import OsaMemoryError, SupersessionError
 from haystack_osa_memory.markers import marked_fact
 
 logger = logging.getLogger(__name__)
@@ -112,6 +112,11 @@ class OfflineBuffer:
                         )
                         break
                     write(Document(content=item["fact"], meta=item.get("meta") or {}), caller)
+                except SupersessionError as e:
+                    # What it supersedes changed during the outage: kept aside, so it cannot block the rest.
+                    self.queue.reject({item["id"]}, f"refused at replay: {e}")
+                    logger.warning("offline buffer: item %s refused at replay and kept aside: %s", item["id"], e)
+                    continue
                 except OsaMemoryError as e:
                     logger.warning("offline buffer: flush stopped at item %s: %s", item["id"], e)
                     break

@@ -39,6 +39,10 @@ PERSONAS_MAX: Final = 10
 TTL_DAYS_MAX: Final = 3650
 CURSOR_MAX: Final = 500
 ASSIGNMENT_MAX: Final = 128
+#: Facts one store may supersede.
+SUPERSEDES_MAX: Final = 20
+#: An ISO 8601 date or date-time (`2026-03-01`, `2026-03-01T09:30:00+01:00`); without an offset, UTC.
+TIMESTAMP_MAX: Final = 40
 DOCUMENT_ID_LENGTH: Final = 64
 #: Facts per page of `kb_memory_list`.
 PAGE_SIZE: Final = 20
@@ -47,7 +51,7 @@ PAGE_SIZE: Final = 20
 Kind = Literal["fact", "procedure", "pitfall", "preference", "reference"]
 Verdict = Literal["confirm", "flag"]
 #: Statuses a caller can list, import and filter by.
-ListableStatus = Literal["approved", "proposed", "flagged", "rejected"]
+ListableStatus = Literal["approved", "proposed", "flagged", "rejected", "superseded"]
 #: Statuses a fact can be read in: the listable ones and `consolidated` (merged into an observation by reflect).
 LiveStatus = Literal[ListableStatus, "consolidated"]
 #: Every status of a fact's governing row: the live ones and `retired` (forgotten: never read, listed or
@@ -60,7 +64,9 @@ KINDS: tuple[str, ...] = get_args(Kind)
 VERDICTS: tuple[str, ...] = get_args(Verdict)
 LISTABLE_STATUSES: tuple[str, ...] = get_args(ListableStatus)
 STATUSES: tuple[str, ...] = get_args(Status)
-APPROVED, PROPOSED, FLAGGED, REJECTED, CONSOLIDATED, RETIRED = STATUSES
+APPROVED, PROPOSED, FLAGGED, REJECTED, SUPERSEDED, CONSOLIDATED, RETIRED = STATUSES
+#: Statuses a fact can be superseded from (a newer fact replaces it; see `kb_memory_store`'s `supersedes`).
+SUPERSEDABLE_STATUSES: tuple[str, ...] = (APPROVED, PROPOSED, FLAGGED)
 DATABASE_STATES: tuple[str, ...] = get_args(DatabaseState)
 
 
@@ -68,6 +74,7 @@ def _text(max_len: int, min_len: int = 1) -> Any:
     return Field(min_length=min_len, max_length=max_len)
 
 
+_TIMESTAMP = "ISO 8601 date or date-time (without an offset: UTC)"
 _ACT_ON = "Optional assignment to act on, one granted to your token (default: its first)."
 _DOCUMENT_ID = f"The fact's {DOCUMENT_ID_LENGTH}-character id."
 
@@ -99,6 +106,24 @@ class StoreArguments(_Arguments):
         Field(ge=1, le=TTL_DAYS_MAX),
         Field(description="Optional time to live in days; afterwards the fact is returned marked stale."),
     ] = None
+    supersedes: Annotated[
+        list[Annotated[str, _text(DOCUMENT_ID_LENGTH, DOCUMENT_ID_LENGTH)]] | None,
+        Field(max_length=SUPERSEDES_MAX),
+        Field(
+            description=f"Optional ids of facts of this assignment that this fact replaces (at most {SUPERSEDES_MAX}): "
+            "they are kept as history, no longer recalled."
+        ),
+    ] = None
+    valid_from: Annotated[
+        str | None,
+        _text(TIMESTAMP_MAX),
+        Field(description=f"Optional time from which the fact holds, {_TIMESTAMP}; default: now."),
+    ] = None
+    valid_to: Annotated[
+        str | None,
+        _text(TIMESTAMP_MAX),
+        Field(description=f"Optional time until which the fact holds, {_TIMESTAMP}; default: until replaced."),
+    ] = None
     assignment: Annotated[str | None, _text(ASSIGNMENT_MAX), Field(description=_ACT_ON)] = None
 
 
@@ -113,6 +138,15 @@ class RecallArguments(_Arguments):
         Field(ge=LIMIT_MIN, le=LIMIT_MAX),
         Field(description=f"How many facts to return, {LIMIT_MIN} to {LIMIT_MAX} (default {LIMIT_DEFAULT})."),
     ] = LIMIT_DEFAULT
+    as_of: Annotated[
+        str | None,
+        _text(TIMESTAMP_MAX),
+        Field(description=f"Optional time, {_TIMESTAMP}: recall the facts valid then (default: valid now)."),
+    ] = None
+    include_superseded: Annotated[
+        bool,
+        Field(description="Also return facts that were replaced or are no longer valid (history)."),
+    ] = False
     assignment: Annotated[str | None, _text(ASSIGNMENT_MAX), Field(description=_ACT_ON)] = None
 
 
@@ -203,6 +237,13 @@ _STORED_AT = "When the fact was last stored (ISO 8601)."
 _FACT_KIND = "fact, procedure, pitfall, preference, reference, or observation (made by reflect)."
 
 
+class PossibleSuccession(BaseModel):
+    """A fact that the stored one probably replaces."""
+
+    document_id: str
+    content: str
+
+
 class StoreResult(BaseModel):
     """The stored fact's ids; `stored: false, queued: true` while the database is unreachable."""
 
@@ -210,6 +251,12 @@ class StoreResult(BaseModel):
     assignment_id: str = Field(description=_ASSIGNMENT_ID)
     document_id: str = Field(description="The fact's id (the same fact stored again keeps it).")
     redactions: int = Field(description="How many private values were redacted before storing.")
+    possibly_supersedes: list[PossibleSuccession] | None = Field(
+        None,
+        description="Facts of this assignment this one probably replaces (same wording, another value); unchanged: "
+        "store again with `supersedes` to confirm.",
+    )
+    superseded: list[str] | None = Field(None, description="The facts this store superseded.")
     queued: bool | None = Field(None, description="True when the fact waits in the server's offline buffer.")
     reason: str | None = Field(None, description="Why the fact was queued.")
     pending: int | None = Field(None, description="Facts of this assignment waiting in the buffer.")
@@ -225,6 +272,12 @@ class RecalledFact(BaseModel):
     stored_at: str | None = Field(description=_STORED_AT)
     kind: str = Field(description=_FACT_KIND)
     stale: bool = Field(description="True when its time to live has passed.")
+    valid_from: str | None = Field(None, description="From when the fact holds (ISO 8601).")
+    valid_to: str | None = Field(None, description="Until when it holds (ISO 8601); null while it holds.")
+    superseded_by: str | None = Field(None, description="The fact that replaced it (history only).")
+    conflicts_with: list[str] | None = Field(
+        None, description="Live facts saying the same with another value; the one valid from later ranks first."
+    )
 
 
 class RecallResult(BaseModel):
@@ -240,6 +293,16 @@ class StoredBy(BaseModel):
 
     token_id: str | None
     specialist_id: str | None
+
+
+class ChainLink(BaseModel):
+    """One version in a fact's history."""
+
+    document_id: str
+    status: str
+    valid_from: str | None
+    valid_to: str | None
+    content: str | None
 
 
 class ReadResult(BaseModel):
@@ -261,6 +324,13 @@ class ReadResult(BaseModel):
     confirms: int
     flags: int
     reads: int = Field(description="How many runs read it.")
+    valid_from: str | None = Field(None, description="From when the fact holds (ISO 8601).")
+    valid_to: str | None = Field(None, description="Until when it holds (ISO 8601); absent while it holds.")
+    superseded_by: str | None = Field(None, description="The fact that replaced it.")
+    supersedes: list[str] | None = Field(None, description="The facts it replaced.")
+    chain: list[ChainLink] | None = Field(
+        None, description="Its whole history, oldest first: every version of this fact with its validity."
+    )
     evidence: list[str] | None = Field(None, description="For an observation: the facts it consolidates.")
     count: int | None = Field(None, description="For an observation: how many facts it consolidates (may be null).")
 
@@ -406,14 +476,16 @@ STORE = ToolSpec(
     "Store a durable fact in the memory of the assignment you are working on, for later sessions.",
     StoreArguments,
     StoreResult,
-    "Storing the same fact again updates it in place. The assignment comes from your access token.",
+    "Storing the same fact again updates it in place. The assignment comes from your access token. When the fact "
+    "replaces earlier ones, pass their ids as `supersedes`; `possibly_supersedes` in the answer suggests them.",
 )
 RECALL = ToolSpec(
     "kb_memory_recall",
     "Recall facts stored earlier in the memory of the assignment you are working on, best match first.",
     RecallArguments,
     RecallResult,
-    "Only this assignment's facts are searched.",
+    "Only this assignment's facts are searched; by default only facts valid now (`as_of` for another time, "
+    "`include_superseded` for history).",
 )
 READ = ToolSpec(
     "kb_memory_read",

@@ -17,8 +17,19 @@ from typing import Any
 from haystack import Document
 
 from haystack_osa_memory.errors import InvalidInputError
-from haystack_osa_memory.tools import LISTABLE_STATUSES
-from haystack_osa_memory.validation import FACT_MAX, KINDS, TOPIC_MAX, check_choice, check_fact, check_topic
+from haystack_osa_memory.tools import LISTABLE_STATUSES, SUPERSEDED, SUPERSEDES_MAX
+from haystack_osa_memory.validation import (
+    FACT_MAX,
+    KINDS,
+    TOPIC_MAX,
+    check_choice,
+    check_document_id,
+    check_document_ids,
+    check_fact,
+    check_timestamp,
+    check_topic,
+    check_validity,
+)
 
 IMPORTABLE_STATUSES = LISTABLE_STATUSES
 
@@ -33,6 +44,12 @@ class ImportItem:
     kind: str = "fact"
     status: str = "approved"
     expires_at: str | None = None
+    valid_from: str | None = None
+    valid_to: str | None = None
+    #: The fact's id where it was exported, and the ids (there) of the facts it superseded: import maps
+    #: them to the ids in the target scope, so that chains survive a move between assignments.
+    document_id: str | None = None
+    supersedes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -66,7 +83,23 @@ def _item(raw: dict[str, Any], origin: str) -> ImportItem:
     if expires is not None and not isinstance(expires, str):
         msg = "expires_at must be an ISO-8601 string"
         raise InvalidInputError(msg)
-    return ImportItem(fact=fact, origin=origin, topic=topic, kind=kind, status=status, expires_at=expires)
+    since = check_timestamp(raw.get("valid_from") or None, "valid_from")
+    until = check_timestamp(raw.get("valid_to") or None, "valid_to")
+    check_validity(since, until)
+    source_id = check_document_id(raw["document_id"]) if raw.get("document_id") else None
+    replaced = check_document_ids(raw.get("supersedes") or None, "supersedes", max_items=SUPERSEDES_MAX)
+    return ImportItem(
+        fact=fact,
+        origin=origin,
+        topic=topic,
+        kind=kind,
+        status=status,
+        expires_at=expires,
+        valid_from=since.isoformat() if since else None,
+        valid_to=until.isoformat() if until else None,
+        document_id=source_id,
+        supersedes=tuple(replaced),
+    )
 
 
 def _markdown_facts(path: Path) -> Iterator[str]:
@@ -138,8 +171,24 @@ def read_items(path: Path) -> Iterator[ImportItem | tuple[str, str]]:
 
 def export_line(fact: dict[str, Any]) -> str:
     """One JSONL line of an exported fact (what `read_items` reads back)."""
-    keep = ("fact", "topic", "kind", "status", "expires_at", "document_id", "created_at")
+    keep = (
+        "fact",
+        "topic",
+        "kind",
+        "status",
+        "expires_at",
+        "document_id",
+        "created_at",
+        "valid_from",
+        "valid_to",
+        "supersedes",
+    )
     return json.dumps({k: fact.get(k) for k in keep}, ensure_ascii=False, default=str)
+
+
+def _write_status(item: ImportItem) -> str:
+    """The status an item is written with (`superseded` is given back by its successor)."""
+    return "approved" if item.status == SUPERSEDED else item.status
 
 
 def import_facts(
@@ -161,6 +210,8 @@ def import_facts(
     """
     report = ImportReport()
     batch: list[ImportItem] = []
+    # Exported id -> id in the target scope, across batches (an export lists predecessors first).
+    mapped: dict[str, str] = {}
 
     def flush_batch() -> None:
         redacted, redactions = redact([Document(content=item.fact) for item in batch])
@@ -168,18 +219,30 @@ def import_facts(
         ids = {
             document_id(doc.content or ""): (item, doc.content or "") for item, doc in zip(batch, redacted, strict=True)
         }
+        for doc_id, (item, _) in ids.items():
+            if item.document_id is not None:
+                mapped[item.document_id] = doc_id
         existing = live_ids(list(ids))
         report.skipped_existing += len(existing)
         fresh = [pair for doc_id, pair in ids.items() if doc_id not in existing]
-        for status in dict.fromkeys(item.status for item, _ in fresh):
+        # A superseded fact is imported as it held (with its valid_to); its successor's `supersedes`
+        # supersedes it again, so the chain is rebuilt with the target scope's ids.
+        for status in dict.fromkeys(_write_status(item) for item, _ in fresh):
             docs = []
-            for item, text in ((i, t) for i, t in fresh if i.status == status):
+            for item, text in ((i, t) for i, t in fresh if _write_status(i) == status):
                 meta: dict[str, Any] = {"kind": item.kind}
                 if item.topic is not None:  # kept in metadata and the title: redacted as in `store`
                     meta["topic"], topic_redactions = redact_topic(item.topic)
                     report.redactions += topic_redactions
                 if item.expires_at is not None:
                     meta["expires_at"] = item.expires_at
+                if item.valid_from is not None:
+                    meta["valid_from"] = item.valid_from
+                if item.valid_to is not None:
+                    meta["valid_to"] = item.valid_to
+                replaced = [mapped[i] for i in item.supersedes if i in mapped]
+                if replaced:
+                    meta["supersedes"] = replaced
                 docs.append(Document(content=text, meta=meta))
             written, _ = write(docs, status)
             report.stored += len(written)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Callable
+from datetime import UTC, date, datetime
 
 from haystack_osa_memory import tools
 from haystack_osa_memory.errors import InvalidInputError
@@ -27,6 +28,11 @@ TITLE_MAX = tools.TITLE_MAX
 TOPIC_MAX = tools.TOPIC_MAX
 TTL_DAYS_MAX = tools.TTL_DAYS_MAX
 VERDICTS = tools.VERDICTS
+SUPERSEDES_MAX = tools.SUPERSEDES_MAX
+TIMESTAMP_MAX = tools.TIMESTAMP_MAX
+# Before this, a timestamp is certainly a mistake (a year typed as 26); after it, too.
+_EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
+_LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
 
 # Characters that show nothing on their own: separators and spaces (Z*), controls (Cc), format
@@ -165,3 +171,52 @@ def check_ttl_days(value: object) -> int | None:
 def normalise(text: str) -> str:
     """Lower-case words only, single-spaced: the form duplicate checks compare."""
     return " ".join("".join(ch if ch.isalnum() else " " for ch in text.casefold()).split())
+
+
+def check_timestamp(value: object, what: str) -> datetime | None:
+    """An optional point in time: ``None``, a timezone-aware or naive ``datetime`` (naive = UTC), a ``date``
+    (its midnight UTC) or an ISO 8601 string (``2026-03-01``, ``2026-03-01T09:30``, ``...+01:00``, ``...Z``).
+    Returned in UTC."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = check_text(value, what, min_len=1, max_len=TIMESTAMP_MAX).strip()
+        try:
+            parsed = datetime.fromisoformat(text)
+        except ValueError:
+            msg = (
+                f"{what} must be an ISO 8601 date or date-time such as 2026-03-01 or 2026-03-01T09:30:00+01:00, "
+                f"got {value!r}"
+            )
+            raise InvalidInputError(msg) from None
+    elif isinstance(value, datetime):
+        parsed = value
+    elif isinstance(value, date):
+        parsed = datetime(value.year, value.month, value.day)
+    else:
+        msg = f"{what} must be an ISO 8601 string, a datetime or a date, got {type(value).__name__}"
+        raise InvalidInputError(msg)
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    parsed = parsed.astimezone(UTC)
+    if not _EARLIEST <= parsed < _LATEST:
+        msg = f"{what} must lie between the years 1900 and 9000, got {parsed.isoformat()}"
+        raise InvalidInputError(msg)
+    return parsed
+
+
+def check_validity(valid_from: datetime | None, valid_to: datetime | None) -> None:
+    """``valid_to`` must come after ``valid_from`` when both are given."""
+    if valid_from is not None and valid_to is not None and valid_to <= valid_from:
+        msg = f"valid_to ({valid_to.isoformat()}) must be after valid_from ({valid_from.isoformat()})"
+        raise InvalidInputError(msg)
+
+
+def check_document_ids(values: object, what: str, *, max_items: int) -> list[str]:
+    """A list of at most ``max_items`` document ids (duplicates dropped, order kept)."""
+    if values is None:
+        return []
+    if not isinstance(values, list) or len(values) > max_items:
+        msg = f"{what} must be a list of at most {max_items} document ids"
+        raise InvalidInputError(msg)
+    return list(dict.fromkeys(check_document_id(v) for v in values))

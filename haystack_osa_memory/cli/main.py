@@ -421,6 +421,11 @@ def store(
     assignment: Annotated[str, typer.Option("--assignment")],
     topic: Annotated[str | None, typer.Option("--topic")] = None,
     specialist: Annotated[str | None, typer.Option("--specialist")] = None,
+    supersedes: Annotated[
+        list[str] | None, typer.Option("--supersedes", help="Id of a fact this one replaces (repeatable).")
+    ] = None,
+    valid_from: Annotated[str | None, typer.Option("--valid-from", help="ISO 8601; default now.")] = None,
+    valid_to: Annotated[str | None, typer.Option("--valid-to", help="ISO 8601; default until replaced.")] = None,
     data_dir: DataDir = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -428,11 +433,17 @@ def store(
     config = _config(data_dir)
     with _or_fail():
         caller = Caller(org_id=org, assignment_id=assignment, specialist_id=specialist)
-        result = _memory(config).store(fact, topic, caller=caller)
+        result = _memory(config).store(
+            fact, topic, caller=caller, supersedes=supersedes, valid_from=valid_from, valid_to=valid_to
+        )
     if as_json:
         _emit(result, True)
-    else:
-        out.print(f"stored {result['document_id']} in {result['assignment_id']}")
+        return
+    out.print(f"stored {result['document_id']} in {result['assignment_id']}")
+    for doc_id in result.get("superseded") or []:
+        out.print(f"superseded {doc_id}")
+    for possible in result.get("possibly_supersedes") or []:
+        out.print(f"possibly supersedes {possible['document_id']}: {possible['content']}", highlight=False)
 
 
 @app.command()
@@ -441,21 +452,35 @@ def recall(
     org: Annotated[str, typer.Option("--org")],
     assignment: Annotated[str, typer.Option("--assignment")],
     limit: Annotated[int, typer.Option("--limit", help="1 to 20.")] = 8,
+    as_of: Annotated[str | None, typer.Option("--as-of", help="The facts valid then (ISO 8601).")] = None,
+    include_superseded: Annotated[
+        bool, typer.Option("--include-superseded", help="Also facts that no longer hold (history).")
+    ] = False,
     data_dir: DataDir = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Recall an assignment's facts, best first."""
     config = _config(data_dir)
     with _or_fail():
-        result = _memory(config).recall(query, limit, caller=Caller(org_id=org, assignment_id=assignment))
+        result = _memory(config).recall(
+            query,
+            limit,
+            caller=Caller(org_id=org, assignment_id=assignment),
+            as_of=as_of,
+            include_superseded=include_superseded,
+        )
     if as_json:
         _emit(result, True)
         return
     if result.get("degraded"):
         err.print(f"degraded: {result['degraded']}", highlight=False)
-    table = Table("score", "topic", "fact", "stored at")
+    table = Table("score", "topic", "fact", "valid from", "valid to")
     for f in result["facts"]:
-        table.add_row(f"{f['score']:.4f}", f["topic"] or "", f["content"], f["stored_at"][:19])
+        until = (f.get("valid_to") or "")[:19]
+        if f.get("superseded_by"):
+            until += f" (superseded by {f['superseded_by'][:12]})"
+        valid_from = (f.get("valid_from") or f["stored_at"])[:19]
+        table.add_row(f"{f['score']:.4f}", f["topic"] or "", f["content"], valid_from, until)
     out.print(table)
 
 
@@ -607,6 +632,37 @@ def org_disable(
 def org_enable(org: Annotated[str, typer.Argument(help="Org id.")], data_dir: DataDir = None) -> None:
     """Turn memory back on for an org."""
     _switch(org, "*", True, None, data_dir)
+
+
+@app.command()
+def history(
+    document_id: Annotated[str, typer.Argument(help="A fact's id (any version of it).")],
+    data_dir: DataDir = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Print a fact's history: every version linked by supersession, oldest first, with its validity."""
+    from haystack_osa_memory.errors import NotFoundError
+    from haystack_osa_memory.validation import check_document_id
+
+    config = _config(data_dir)
+    with _or_fail():
+        check_document_id(document_id)
+        lifecycle = _lifecycle(config)
+        scope = lifecycle.find_scope(document_id)
+        if scope is None:
+            raise NotFoundError(f"no fact {document_id}")
+        versions = lifecycle.chain(scope, document_id)
+    if as_json:
+        _emit({"org_id": scope.org_id, "assignment_id": scope.assignment_id, "versions": versions}, True)
+        return
+    out.print(f"{scope.org_id} / {scope.assignment_id}: {len(versions)} version(s)", highlight=False)
+    table = Table("valid from", "valid to", "status", "document id", "fact")
+    for v in versions:
+        marker = " *" if v["document_id"] == document_id else ""
+        table.add_row(
+            v["valid_from"][:19], (v["valid_to"] or "")[:19], v["status"], v["document_id"] + marker, v["content"] or ""
+        )
+    out.print(table)
 
 
 @app.command()

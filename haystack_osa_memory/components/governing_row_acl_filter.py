@@ -10,6 +10,7 @@ from haystack_osa_memory.errors import AclLookupError, OsaMemoryError
 from haystack_osa_memory.store.database import fact_scope
 from haystack_osa_memory.store.facts import FactRepository
 from haystack_osa_memory.store.memory_store import MemoryStore
+from haystack_osa_memory.tools import SUPERSEDED
 
 logger = logging.getLogger(__name__)
 
@@ -84,12 +85,14 @@ class GoverningRowAclFilter:
         org_id: str,
         assignment_id: str | None = None,
         audiences: list[str] | None = None,
+        include_superseded: bool = False,
     ) -> dict[str, Any]:
         """
         :param documents: Retrieved documents; each must carry `meta["document_id"]`.
         :param org_id: The caller's org (from trusted context).
         :param assignment_id: When given, only this assignment's documents are admitted.
         :param audiences: Narrow the audiences for this run (must be a subset of the configured ones).
+        :param include_superseded: Admit facts with status `superseded` too (recall of history, `as_of`).
         :returns: `documents` admitted (order kept) and the count `rejected`.
         :raises AclLookupError: governing rows could not be read; nothing is admitted.
         """
@@ -114,7 +117,7 @@ class GoverningRowAclFilter:
                 row is not None
                 and row.org_id == org_id
                 and row.audience in allowed
-                and row.status in self.admitted_statuses
+                and (row.status in self.admitted_statuses or (include_superseded and row.status == SUPERSEDED))
                 and (assignment_id is None or row.assignment_id == assignment_id)
             ):
                 admitted.append(doc)

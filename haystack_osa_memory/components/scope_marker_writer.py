@@ -9,7 +9,7 @@ from haystack_osa_memory.store.facts import FACT_AUDIENCE, FACT_SOURCE
 from haystack_osa_memory.validation import check_fact, check_topic
 
 #: Input meta keys copied into the governing row's metadata.
-_CARRIED_META = ("kind", "expires_at", "paths", "personas")
+_CARRIED_META = ("kind", "expires_at", "paths", "personas", "valid_from", "valid_to")
 
 
 @component
@@ -79,7 +79,8 @@ class ScopeMarkerWriter:
         Mark and identify facts for one assignment.
 
         :param documents: Plain facts (content = fact text; optional meta `topic`, `title`, `kind`,
-            `expires_at`, `paths`, `personas`).
+            `expires_at`, `paths`, `personas`, `valid_from`, `valid_to` (ISO 8601) and `supersedes` (ids of
+            facts of the same scope it replaces)).
         :param org_id: The caller's org (from trusted context).
         :param assignment_id: The caller's assignment (from trusted context).
         :param specialist_id: The caller's specialist, if any.
@@ -118,6 +119,9 @@ class ScopeMarkerWriter:
                 "title": doc.meta.get("title") or topic,
                 "metadata": metadata,
             }
+            if doc.meta.get("supersedes"):
+                # Not metadata: the writer supersedes these in its transaction and links them (`supersedes`).
+                rows[doc_id]["supersedes"] = list(doc.meta["supersedes"])
             chunk_meta: dict[str, Any] = {
                 "document_id": doc_id,
                 "org_id": org_id,

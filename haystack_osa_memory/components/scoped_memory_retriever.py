@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any, Literal, get_args
 
@@ -7,11 +8,15 @@ import numpy as np
 import numpy.typing as npt
 from haystack import Document, component, default_from_dict, default_to_dict
 
-from haystack_osa_memory.markers import check_identifier
+from haystack_osa_memory.markers import check_identifier, strip_marker
 from haystack_osa_memory.store.database import fact_scope
-from haystack_osa_memory.store.facts import FACT_AUDIENCE, FactRepository, ScopeHit
+from haystack_osa_memory.store.facts import FACT_AUDIENCE, Candidate, FactRepository, QueryTerms, ScopeHit, ValidAt
 from haystack_osa_memory.store.memory_store import MemoryStore
 from haystack_osa_memory.store.ranking import RankingParams
+from haystack_osa_memory.supersession import Weights, fact_words, similarity, subject_words, value_changed
+from haystack_osa_memory.time_phrases import period_of
+from haystack_osa_memory.tools import SUPERSEDED
+from haystack_osa_memory.validation import check_timestamp
 
 Fusion = Literal["convex", "rrf", "lexical_first"]
 
@@ -20,7 +25,84 @@ def _is_stale(expires_at: object, now_iso: str) -> bool:
     return isinstance(expires_at, str) and expires_at <= now_iso
 
 
+#: A question about time ("when did ...", "how long ...") ...
+TIME_QUESTION = re.compile(
+    r"^\s*when\b|\bwhen (?:did|is|was|will|does|do|are|were)\b|\bhow long\b|\b(?:what|which) (?:year|month|day|date)\b"
+    r"|\bhow many (?:years|months|weeks|days)\b",
+    re.IGNORECASE,
+)
+#: ... prefers facts that carry a time expression of their own (tokenised with the store's language).
+TIME_WORDS = (
+    "yesterday tomorrow tonight ago week weekend month year last next "
+    "monday tuesday wednesday thursday friday saturday sunday"
+)
+
+
 _FUSIONS: tuple[str, ...] = get_args(Fusion)
+#: Candidates beyond the top k read for conflicts (a newer restatement ranked just below the cut).
+CONFLICT_POOL = 8
+#: Two conflicting facts are reordered and flagged only when they answer the query about equally well: the
+#: lower scores at least this share of the higher, and both hold the query's subject words
+#: (`supersession.subject_words`): two subjects described by one template differ there.
+CONFLICT_SCORE_RATIO = 0.5
+#: Content-word overlap (`supersession.similarity`, weighed among the candidates) of two conflicting facts.
+CONFLICT_SIMILARITY_MIN = 0.35
+
+
+def valid_from_of(cand: Candidate) -> datetime:
+    """When a fact holds from: its ``valid_from``, else (stored before validity times) its creation."""
+    raw = cand.metadata.get("valid_from")
+    if isinstance(raw, str):
+        try:
+            return datetime.fromisoformat(raw)
+        except ValueError:
+            pass
+    return cand.created_at
+
+
+def newer_first(
+    candidates: list[Candidate], scores: dict[str, float], query: str
+) -> tuple[list[Candidate], dict[str, list[str]]]:
+    """Among probable successions (`supersession.probable_succession`) that answer the query about equally
+    well, the fact valid from later ranks first; returns the new order and each fact's conflicting ids."""
+    texts = [strip_marker(c.content) for c in candidates]
+    words = [fact_words(t) for t in texts]
+    bags = [w.content | w.values for w in words]
+    weights = Weights(texts)
+    subject = subject_words(query, weights, texts)
+    if not subject:
+        return candidates, {}
+    since = [valid_from_of(c) for c in candidates]
+    n = len(candidates)
+    pairs: dict[int, set[int]] = {}
+    for a in range(n):
+        for b in range(a + 1, n):
+            high, low = sorted(
+                (scores.get(candidates[a].document_id, 0.0), scores.get(candidates[b].document_id, 0.0))
+            )[::-1]
+            if high <= 0 or low < CONFLICT_SCORE_RATIO * high or since[a] == since[b]:
+                continue
+            if not (subject <= bags[a] and subject <= bags[b]) or not value_changed(words[a], words[b]):
+                continue
+            # Beyond the subject both name, they must say the same thing (not the subject's other attributes).
+            if similarity(words[a], words[b], weights, ignore=subject) >= CONFLICT_SIMILARITY_MIN:
+                pairs.setdefault(a, set()).add(b)
+                pairs.setdefault(b, set()).add(a)
+    if not pairs:
+        return candidates, {}
+    order = list(range(n))
+    p = 0
+    while p < n:
+        here = order[p]
+        newer = [q for q in range(p + 1, n) if order[q] in pairs.get(here, ()) and since[order[q]] > since[here]]
+        if newer:
+            # Each move puts a strictly newer fact at position p, so this ends.
+            q = max(newer, key=lambda q: since[order[q]])
+            order.insert(p, order.pop(q))
+            continue
+        p += 1
+    conflicts = {candidates[i].document_id: sorted(candidates[j].document_id for j in pairs[i]) for i in pairs}
+    return [candidates[i] for i in order], conflicts
 
 
 @component
@@ -57,8 +139,11 @@ class ScopedMemoryRetriever:
         context_window: int = RankingParams.window,
         lexical_context_weight: float = RankingParams.lex_ctx,
         vector_context_weight: float = RankingParams.vec_ctx,
+        time_boost: float = 0.12,
+        period_boost: float = 0.15,
         admitted_statuses: list[str] | None = None,
         store: MemoryStore | None = None,
+        resolve_conflicts: bool = True,
     ) -> None:
         """
         :param top_k: Documents returned by default (1..100).
@@ -74,7 +159,13 @@ class ScopedMemoryRetriever:
             0 scores every fact alone.
         :param lexical_context_weight: Weight of the neighbours' term frequencies in a fact's BM25.
         :param vector_context_weight: Weight of the neighbours' cosine similarities in a fact's vector score.
+        :param time_boost: Added to the fused score of a fact holding a time word (yesterday, last week, a
+            weekday, ...) when the query asks about time ("when ...", "how long ..."); 0 turns it off.
+        :param period_boost: Added to the score of a candidate whose validity began in the period the query
+            names ("last week", "in March", "since 2026-03-01"; `time_phrases`); 0 turns it off.
         :param admitted_statuses: Statuses admitted (default `["approved"]`).
+        :param resolve_conflicts: Among facts that restate each other with another value and answer the query
+            about equally well, rank the one valid from later first and flag the pair (`conflicts_with`).
         :param store: The knowledge base (`MemoryStore`: connection, table names, timeouts); by default
             `MemoryStore()`, which reads the `PG_CONN_STR` secret on first use.
         """
@@ -104,7 +195,17 @@ class ScopedMemoryRetriever:
         self.context_window = context_window
         self.lexical_context_weight = lexical_context_weight
         self.vector_context_weight = vector_context_weight
+        if time_boost < 0:
+            msg = f"time_boost must be non-negative, got {time_boost}"
+            raise ValueError(msg)
+        self.time_boost = time_boost
+        if period_boost < 0:
+            msg = f"period_boost must be non-negative, got {period_boost}"
+            raise ValueError(msg)
+        self.period_boost = period_boost
+        self._time_terms: QueryTerms | None = None
         self.admitted_statuses = list(admitted_statuses) if admitted_statuses is not None else ["approved"]
+        self.resolve_conflicts = resolve_conflicts
         self.store = store if store is not None else MemoryStore()
         self._repo: FactRepository | None = None
 
@@ -127,7 +228,10 @@ class ScopedMemoryRetriever:
             context_window=self.context_window,
             lexical_context_weight=self.lexical_context_weight,
             vector_context_weight=self.vector_context_weight,
+            time_boost=self.time_boost,
+            period_boost=self.period_boost,
             admitted_statuses=self.admitted_statuses,
+            resolve_conflicts=self.resolve_conflicts,
             store=self.store.to_dict(),
         )
 
@@ -172,6 +276,8 @@ class ScopedMemoryRetriever:
         # `NDArray | None` of GuardedTextEmbedder and the `list[float]` of Haystack's embedders.
         query_embedding: npt.NDArray[np.float32] | None | list[float] = None,  # noqa: RUF036
         top_k: int | None = None,
+        as_of: str | None = None,
+        include_superseded: bool = False,
     ) -> dict[str, Any]:
         """
         :param query: The recall query (lexical side).
@@ -179,16 +285,27 @@ class ScopedMemoryRetriever:
         :param assignment_id: The caller's assignment (from trusted context).
         :param query_embedding: Optional query embedding (vector side); `None` means lexical only.
         :param top_k: Overrides the number of documents returned.
+        :param as_of: ISO 8601 time: the facts that held then (default: the facts that hold now).
+        :param include_superseded: Also the facts that no longer hold (superseded, or past their `valid_to`).
         :returns: `documents` best first (content still carries the marker; `meta` holds `document_id`,
-            `topic`, `stored_at`, ranks) and `mode` (`lexical` or `hybrid`).
+            `topic`, `stored_at`, `valid_from`, `valid_to`, `superseded_by`, `conflicts_with`, ranks) and
+            `mode` (`lexical` or `hybrid`).
         """
         check_identifier(org_id, "org")
         check_identifier(assignment_id, "assignment")
         k = top_k or self.top_k
+        at = check_timestamp(as_of, "as_of")
+        valid_at: ValidAt = at if at is not None else ("now" if not include_superseded else None)
+        statuses = list(self.admitted_statuses)
+        if include_superseded or at is not None:
+            statuses.append(SUPERSEDED)
         self.warm_up()
         assert self._repo is not None
         hybrid = query_embedding is not None
+        about_time = hybrid and self.fusion == "convex" and self.time_boost > 0 and bool(TIME_QUESTION.search(query))
         with fact_scope(org_id, assignment_id), self._repo.reading() as conn:
+            if about_time and self._time_terms is None:
+                self._time_terms = self._repo.query_terms(TIME_WORDS, conn=conn)
             hits = self._repo.scope_hits(
                 org_id=org_id,
                 assignment_id=assignment_id,
@@ -203,26 +320,44 @@ class ScopedMemoryRetriever:
                     lex_ctx=self.lexical_context_weight,
                     vec_ctx=self.vector_context_weight,
                     lex_share=self.lexical_weight / (self.lexical_weight + self.vector_weight),
+                    time_boost=self.time_boost if about_time else 0.0,
                 ),
-                statuses=self.admitted_statuses,
+                boost=self._time_terms if about_time else None,
+                statuses=statuses,
+                valid_at=valid_at,
+                history=include_superseded,
                 conn=conn,
             )
             now = datetime.now(UTC).isoformat()
             fused = self._fuse(hits, hybrid)
             # Facts past their time to live are kept, marked stale and ranked below every fresh one.
             fused.sort(key=lambda pair: _is_stale(pair[0].expires_at, now))
-            scores = {hit.document_id: score for hit, score in fused[:k]}
-            # Text and metadata only for the facts returned (the scope is checked again while fetching them).
+            # A few more than asked: a restatement with a newer value may rank just below the top k.
+            pool = fused[: k + CONFLICT_POOL] if self.resolve_conflicts else fused[:k]
+            scores = {hit.document_id: score for hit, score in pool}
+            # Text and metadata only for these facts (the scope is checked again while fetching them).
             top = self._repo.candidates(
-                [hit for hit, _ in fused[:k]],
+                [hit for hit, _ in pool],
                 org_id=org_id,
                 assignment_id=assignment_id,
                 audiences=(FACT_AUDIENCE,),
-                statuses=self.admitted_statuses,
+                statuses=statuses,
+                valid_at=valid_at,
+                history=include_superseded,
                 conn=conn,
             )
+        period = period_of(query, at or datetime.now(UTC)) if self.period_boost > 0 else None
+        if period is not None:
+            # "What did we decide last week?": facts whose validity began then come first among close matches.
+            for cand in top:
+                if period.holds(valid_from_of(cand)):
+                    scores[cand.document_id] += self.period_boost
+            top.sort(key=lambda c: (_is_stale(c.metadata.get("expires_at"), now), -scores[c.document_id]))
+        conflicts: dict[str, list[str]] = {}
+        if self.resolve_conflicts and not include_superseded:
+            top, conflicts = newer_first(top, scores, query)
         documents = []
-        for cand in top:
+        for cand in top[:k]:
             meta = {
                 "document_id": cand.document_id,
                 "topic": cand.metadata.get("topic"),
@@ -230,9 +365,15 @@ class ScopedMemoryRetriever:
                 "stale": _is_stale(cand.metadata.get("expires_at"), now),
                 "stored_at": cand.updated_at.isoformat(),
                 "created_at": cand.created_at.isoformat(),
+                "valid_from": valid_from_of(cand).isoformat(),
+                "valid_to": cand.metadata.get("valid_to"),
                 "lexical_rank": cand.lex_rank,
                 "vector_rank": cand.vec_rank,
             }
+            if cand.metadata.get("superseded_by"):
+                meta["superseded_by"] = cand.metadata["superseded_by"]
+            if conflicts.get(cand.document_id):
+                meta["conflicts_with"] = conflicts[cand.document_id]
             documents.append(
                 Document(id=cand.document_id, content=cand.content, meta=meta, score=scores[cand.document_id])
             )

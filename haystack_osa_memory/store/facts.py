@@ -17,8 +17,8 @@ import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, NamedTuple
+from datetime import UTC, datetime
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -26,15 +26,18 @@ import psycopg
 from psycopg import sql
 
 from haystack_osa_memory.config import MemoryConfig
-from haystack_osa_memory.errors import DatabaseError
+from haystack_osa_memory.errors import DatabaseError, SupersessionError
 from haystack_osa_memory.store.database import fact_scope, read, transaction
 from haystack_osa_memory.store.ranking import TERM_BITS, TERM_CODE, RankingParams, ScopeStats, rank_scope
+from haystack_osa_memory.tools import SUPERSEDABLE_STATUSES, SUPERSEDED
 
 FACT_SOURCE = "agent_fact"
 FACT_AUDIENCE = "ai_internal"
 
-# Upsert by deterministic id. A retired (forgotten) fact stored again starts afresh; otherwise the
-# status a review or feedback gave it is kept. The WHERE refuses to touch a row of another scope.
+# Upsert by deterministic id. A retired (forgotten) fact stored again starts afresh; a superseded one
+# stored again holds again (from the new valid_from, its successor link dropped); otherwise the status a
+# review or feedback gave it is kept, and so is its valid_from unless the store names one. The WHERE
+# refuses to touch a row of another scope.
 UPSERT_GOVERNING_ROW = sql.SQL(
     """INSERT INTO {schema}.{gov}
     (id, org_id, specialist_id, dataset, source, audience, status, content_hash, title, metadata)
@@ -43,9 +46,16 @@ UPSERT_GOVERNING_ROW = sql.SQL(
     ON CONFLICT (id) DO UPDATE SET
         specialist_id = EXCLUDED.specialist_id,
         title = coalesce(EXCLUDED.title, {schema}.{gov}.title),
-        status = CASE WHEN {schema}.{gov}.status = 'retired' THEN EXCLUDED.status ELSE {schema}.{gov}.status END,
+        status = CASE WHEN {schema}.{gov}.status IN ('retired', 'superseded') THEN EXCLUDED.status
+                      ELSE {schema}.{gov}.status END,
         metadata = CASE WHEN {schema}.{gov}.status = 'retired' THEN EXCLUDED.metadata
-                        ELSE {schema}.{gov}.metadata || EXCLUDED.metadata END,
+                        WHEN {schema}.{gov}.status = 'superseded'
+                        THEN ({schema}.{gov}.metadata - 'valid_from' - 'valid_to' - 'superseded_by' - 'superseded_from')
+                             || EXCLUDED.metadata
+                        ELSE {schema}.{gov}.metadata
+                             || (EXCLUDED.metadata
+                                 - CASE WHEN %(valid_from_given)s::boolean THEN '' ELSE 'valid_from' END)
+                   END,
         created_at = CASE WHEN {schema}.{gov}.status = 'retired' THEN now() ELSE {schema}.{gov}.created_at END,
         updated_at = now()
     WHERE {schema}.{gov}.org_id = EXCLUDED.org_id
@@ -152,6 +162,67 @@ t AS (
 SELECT id, status FROM g"""
 )
 
+# When a fact holds (its validity time, distinct from when it was stored): from ``valid_from`` (default the
+# store time; facts stored before validity times existed hold from ``created_at``) until ``valid_to``
+# (set by supersession or by the caller). ``%(valid_at)s`` NULL means any time; ``%(history)s`` admits
+# facts that held at any time up to ``valid_at`` (recall with ``include_superseded``).
+VALID_FROM = sql.SQL("coalesce((g.metadata->>'valid_from')::timestamptz, g.created_at)")
+VALID_AT = sql.SQL(
+    """(%(valid_at)s::timestamptz IS NULL
+     OR (coalesce((g.metadata->>'valid_from')::timestamptz, g.created_at) <= %(valid_at)s::timestamptz
+         AND (%(history)s::boolean
+              OR coalesce((g.metadata->>'valid_to')::timestamptz, 'infinity') > %(valid_at)s::timestamptz)))"""
+)
+# The successor's valid_from as text (ISO 8601, UTC), for its predecessors' valid_to.
+_VALID_FROM_TEXT = sql.SQL(
+    """coalesce(s.metadata->>'valid_from',
+                to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'))"""
+)
+# Supersession, in the transaction that wrote the successor: each predecessor (same scope, a status that
+# can be superseded, valid from before its successor) becomes `superseded`, holds until the successor's
+# valid_from, links to it and gets an audit row; the successor lists its predecessors. The row lock of
+# the UPDATE orders two supersessions of one fact: the second re-reads the row, finds it superseded and
+# updates nothing, and `FactRepository.write` then refuses its whole transaction.
+SUPERSEDE = sql.SQL(
+    """WITH s AS (
+    SELECT g.id, g.created_at, g.metadata, {valid_from} AS vf FROM {schema}.{gov} g
+    WHERE g.id = %(successor)s AND g.org_id = %(org_id)s
+),
+old AS (
+    UPDATE {schema}.{gov} g SET status = 'superseded', updated_at = now(),
+        metadata = g.metadata || jsonb_build_object('valid_to', {valid_from_text}, 'superseded_by', s.id,
+                                                    'superseded_from', g.status)
+    FROM s
+    WHERE g.id = ANY(%(ids)s) AND g.id <> s.id AND g.org_id = %(org_id)s AND g.source = %(source)s
+      AND g.metadata->>'assignment_id' = %(assignment_id)s AND g.status = ANY(%(supersedable)s)
+      AND {valid_from} < s.vf
+    RETURNING g.id, g.metadata->>'superseded_from' AS previous, g.metadata->>'valid_to' AS valid_to
+),
+a AS (
+    INSERT INTO {mem}.audit (actor, action, org_id, assignment_id, document_id, details)
+    SELECT %(actor)s, 'supersede', %(org_id)s, %(assignment_id)s, old.id,
+           jsonb_build_object('superseded_by', %(successor)s::text, 'valid_to', old.valid_to,
+                              'previous_status', old.previous)
+    FROM old
+),
+link AS (
+    UPDATE {schema}.{gov} g SET metadata = jsonb_set(g.metadata, '{{supersedes}}', (
+        SELECT coalesce(jsonb_agg(DISTINCT x.id), '[]'::jsonb)
+        FROM (SELECT jsonb_array_elements_text(coalesce(g.metadata->'supersedes', '[]'::jsonb)) AS id
+              UNION SELECT old.id FROM old) x))
+    WHERE g.id = %(successor)s AND g.org_id = %(org_id)s AND EXISTS (SELECT 1 FROM old)
+)
+SELECT old.id FROM old"""
+)
+# Why an id named in ``supersedes`` was not superseded (read in the same transaction, before it is undone).
+SUPERSEDE_REFUSALS = sql.SQL(
+    """SELECT g.id, g.status, g.metadata->>'superseded_by', {valid_from}
+    FROM {schema}.{gov} g
+    WHERE g.id = ANY(%(ids)s) AND g.org_id = %(org_id)s AND g.source = %(source)s
+      AND g.metadata->>'assignment_id' = %(assignment_id)s AND g.status <> 'retired'"""
+)
+
+
 # The rows of one scope, in storing order (`seq`): the caller's governing rows and nothing else, so
 # there is no top-k before the scope is applied and a huge knowledge base of closer matches cannot
 # crowd an assignment's facts out. For each fact it returns what ranking needs
@@ -174,6 +245,7 @@ SCOPE_ROWS = sql.SQL(
       AND g.audience = ANY(%(audiences)s)
       AND g.status = ANY(%(statuses)s)
       AND g.metadata->>'assignment_id' = %(assignment_id)s
+      AND {valid_at}
 )
 SELECT s.document_id, coalesce(t.document_id, f.chunk_id) AS chunk_id, s.expires_at,
        coalesce(1 - (coalesce(t.embedding, f.embedding) <=> %(embedding)s::vector), 'NaN') AS cos,
@@ -287,7 +359,7 @@ FROM w,
     LATERAL (SELECT g.id, g.metadata->>'expires_at' AS expires_at FROM {schema}.{gov} g
              WHERE g.id = t.document_id AND g.content_hash = t.content_hash
                AND g.org_id = %(org_id)s AND g.audience = ANY(%(audiences)s) AND g.status = ANY(%(statuses)s)
-               AND g.metadata->>'assignment_id' = %(assignment_id)s
+               AND g.metadata->>'assignment_id' = %(assignment_id)s AND {valid_at}
              OFFSET 0) g
 ORDER BY t.seq"""
 )
@@ -312,7 +384,8 @@ SCOPE_FACTS = sql.SQL(
     WHERE g.org_id = %(org_id)s
       AND g.audience = ANY(%(audiences)s)
       AND g.status = ANY(%(statuses)s)
-      AND g.metadata->>'assignment_id' = %(assignment_id)s"""
+      AND g.metadata->>'assignment_id' = %(assignment_id)s
+      AND {valid_at}"""
 )
 
 GOVERNING_ROWS = sql.SQL(
@@ -373,6 +446,8 @@ class Candidate:
 
 
 Vector = Sequence[float] | npt.NDArray[np.float32]
+#: When the facts must hold (`VALID_AT`): a time, ``"now"`` (PostgreSQL's transaction time) or ``None`` (any time).
+ValidAt = datetime | Literal["now"] | None
 
 
 def vector_literal(embedding: Vector | None) -> str | None:
@@ -405,9 +480,13 @@ class FactRepository:
         names = config.sql_names()
         self._upsert_row = UPSERT_GOVERNING_ROW.format(**names)
         self._scope_rows = SCOPE_ROWS.format(
-            **names, lexeme_stats=lexeme_stats(sql.SQL("v.tsv"), sql.SQL("u.lexeme = ANY (%(lexemes)s::text[])"))
+            **names,
+            valid_at=VALID_AT,
+            lexeme_stats=lexeme_stats(sql.SQL("v.tsv"), sql.SQL("u.lexeme = ANY (%(lexemes)s::text[])")),
         )
-        self._scope_facts = SCOPE_FACTS.format(**names)
+        self._scope_facts = SCOPE_FACTS.format(**names, valid_at=VALID_AT)
+        self._supersede = SUPERSEDE.format(**names, valid_from=VALID_FROM, valid_from_text=_VALID_FROM_TEXT)
+        self._supersede_refusals = SUPERSEDE_REFUSALS.format(**names, valid_from=VALID_FROM)
         self._scope_stats = SCOPE_STATS.format(**names)
         self._big_df = BIG_SCOPE_DF.format(**names)
         self._big_lexical = BIG_SCOPE_LEXICAL.format(**names)
@@ -415,6 +494,7 @@ class FactRepository:
         self._big_rows = BIG_SCOPE_ROWS.format(
             before=BIG_SCOPE_NEIGHBOURS.format(direction=sql.SQL("<"), order=sql.SQL("DESC"), **names),
             after=BIG_SCOPE_NEIGHBOURS.format(direction=sql.SQL(">"), order=sql.SQL("ASC"), **names),
+            valid_at=VALID_AT,
             **names,
         )
         #: Scopes with more recall rows than this take the big-scope path (candidates from indexes).
@@ -444,10 +524,12 @@ class FactRepository:
         Raises:
             DatabaseError: the database failed, or an id is taken by a document of another scope.
         """
+        now = datetime.now(UTC).isoformat()
         params = [
             {
-                **row,
-                "metadata": json.dumps(row["metadata"]),
+                **{k: v for k, v in row.items() if k != "supersedes"},
+                "metadata": json.dumps({"valid_from": now, **row["metadata"]}),
+                "valid_from_given": "valid_from" in row["metadata"],
                 "audit": audit is not None,
                 "actor": audit["actor"] if audit else None,
                 "action": audit["action"] if audit else None,
@@ -482,7 +564,52 @@ class FactRepository:
                     msg = f"document id {p['id']} belongs to another document; refusing to overwrite it"
                     raise DatabaseError(msg)
                 written.append(p["id"])
+            for (row, _), p in zip(items, params, strict=True):
+                if row.get("supersedes"):
+                    self._supersede_in(cur, p, list(row["supersedes"]))
         return written
+
+    def _supersede_in(self, cur: psycopg.Cursor[Any], written: dict[str, Any], ids: list[str]) -> None:
+        """Supersede ``ids`` by the fact just written (`SUPERSEDE`), in its transaction; refuses them all,
+        with the reason for each, unless every one was superseded (the caller's transaction is then undone)."""
+        scope = {
+            "org_id": written["org_id"],
+            "assignment_id": written["assignment_id"],
+            "source": written["source"],
+            "ids": ids,
+        }
+        params = {
+            **scope,
+            "successor": written["id"],
+            "supersedable": list(SUPERSEDABLE_STATUSES),
+            "actor": written["actor"] or "unknown",
+        }
+        done = {r[0] for r in cur.execute(self._supersede, params).fetchall()}
+        if done == set(ids):
+            return
+        found = {r[0]: r[1:] for r in cur.execute(self._supersede_refusals, scope).fetchall()}
+        successor = found.get(written["id"])
+        reasons = []
+        for doc_id in ids:
+            if doc_id in done:
+                continue
+            row = found.get(doc_id)
+            if doc_id == written["id"]:
+                reasons.append(f"{doc_id} is the fact being stored: a fact cannot supersede itself")
+            elif row is None:
+                reasons.append(f"no fact {doc_id} in this assignment")
+            elif row[0] == SUPERSEDED:
+                reasons.append(f"fact {doc_id} is already superseded by {row[1]}")
+            elif row[0] not in SUPERSEDABLE_STATUSES:
+                allowed = ", ".join(SUPERSEDABLE_STATUSES)
+                reasons.append(f"fact {doc_id} is {row[0]}; only {allowed} facts can be superseded")
+            else:
+                since = successor[2].isoformat() if successor is not None else "its valid_from"
+                reasons.append(
+                    f"fact {doc_id} holds from {row[2].isoformat()}, not before the new fact (valid from {since})"
+                )
+        msg = "cannot supersede: " + "; ".join(reasons) + ". Nothing was stored."
+        raise SupersessionError(msg)
 
     def scoped_candidates(
         self,
@@ -494,6 +621,8 @@ class FactRepository:
         ranking: RankingParams,
         audiences: Sequence[str] = (FACT_AUDIENCE,),
         statuses: Sequence[str] | None = None,
+        valid_at: ValidAt = "now",
+        history: bool = False,
     ) -> list[Candidate]:
         """The top ``ranking.k`` of each ranking (lexical, vector, fused) over the scope's own rows (never a
         post-filter), with their text: `scope_hits` followed by `candidates`."""
@@ -506,10 +635,19 @@ class FactRepository:
                 ranking=ranking,
                 audiences=audiences,
                 statuses=statuses,
+                valid_at=valid_at,
+                history=history,
                 conn=conn,
             )
             return self.candidates(
-                hits, org_id=org_id, assignment_id=assignment_id, audiences=audiences, statuses=statuses, conn=conn
+                hits,
+                org_id=org_id,
+                assignment_id=assignment_id,
+                audiences=audiences,
+                statuses=statuses,
+                valid_at=valid_at,
+                history=history,
+                conn=conn,
             )
 
     def scope_hits(
@@ -522,11 +660,15 @@ class FactRepository:
         ranking: RankingParams,
         audiences: Sequence[str] = (FACT_AUDIENCE,),
         statuses: Sequence[str] | None = None,
+        valid_at: ValidAt = "now",
+        history: bool = False,
         conn: psycopg.Connection[Any] | None = None,
+        boost: QueryTerms | None = None,
     ) -> list[ScopeHit]:
         """The scope's facts within the top ``ranking.k`` of the lexical, vector or fused ranking, in
         storing order, without their text (one statement over the scope's rows, ranked by
-        `haystack_osa_memory.store.ranking.rank_scope`). ``conn``: a connection from `reading()`."""
+        `haystack_osa_memory.store.ranking.rank_scope`). ``conn``: a connection from `reading()`.
+        ``boost``: lexemes whose holders gain ``ranking.time_boost`` (`query_terms` of some words)."""
         if embedding is not None and len(embedding) != self.config.embedding_dimension:
             msg = (
                 f"query embedding has {len(embedding)} dimensions but the chunk table stores "
@@ -534,22 +676,28 @@ class FactRepository:
             )
             raise DatabaseError(msg)
         params = {
-            **self._scope(org_id, assignment_id, audiences, statuses),
+            **self._scope(org_id, assignment_id, audiences, statuses, valid_at, history),
             "language": self.config.language,
             "embedding": vector_literal(embedding),
         }
         with self._reading(conn) as c, c.cursor(binary=True) as cur:
             params["lexemes"], query_terms = self.query_terms(query, conn=c)
+            boost_terms = boost.hashes if boost is not None and ranking.time_boost else []
+            if boost_terms:
+                assert boost is not None
+                params["lexemes"] = [*params["lexemes"], *boost.lexemes]  # the fallback packs only these
             size = self.scope_size(org_id, assignment_id, conn=c)
             if size.facts > self.exact_scope_max:
-                return self._big_scope_hits(cur, params, query_terms, size, ranking, embedding is not None)
+                return self._big_scope_hits(
+                    cur, params, query_terms, size, ranking, embedding is not None, boost_terms=boost_terms
+                )
             rows = cur.execute(self._scope_rows, params).fetchall()
         if not rows:
             return []
         document_ids, chunk_ids, expires, cos, dl, terms = zip(*rows, strict=True)
         return [
             ScopeHit(document_ids[i], chunk_ids[i], expires[i], lr, ls, vr, vs, fused, i + 1)
-            for i, lr, ls, vr, vs, fused in rank_scope(cos, dl, terms, query_terms, ranking)
+            for i, lr, ls, vr, vs, fused in rank_scope(cos, dl, terms, query_terms, ranking, boost_terms=boost_terms)
         ]
 
     def scope_size(self, org_id: str, assignment_id: str, *, conn: psycopg.Connection[Any]) -> ScopeSize:
@@ -596,6 +744,7 @@ class FactRepository:
         size: ScopeSize,
         ranking: RankingParams,
         hybrid: bool,
+        boost_terms: Sequence[int] = (),
     ) -> list[ScopeHit]:
         """The big-scope path (see BIG_SCOPE_ROWS): candidates from the scope's indexes, ranked exactly
         with their neighbours, BM25 weighed by the whole scope's statistics."""
@@ -635,7 +784,9 @@ class FactRepository:
         for offset in range(-ranking.window, ranking.window + 1):
             scored[np.clip(at + offset, 0, len(rows) - 1)] = True
         stats = ScopeStats(size.facts, size.mean_dl, df)
-        ranked = rank_scope(cos, dl, terms, hashes, ranking, stats=stats, scored=scored.tolist())
+        ranked = rank_scope(
+            cos, dl, terms, hashes, ranking, stats=stats, scored=scored.tolist(), boost_terms=boost_terms
+        )
         return [
             ScopeHit(document_ids[i], chunk_ids[i], expires[i], lr, ls, vr, vs, fused, i + 1)
             for i, lr, ls, vr, vs, fused in ranked
@@ -649,6 +800,8 @@ class FactRepository:
         assignment_id: str,
         audiences: Sequence[str] = (FACT_AUDIENCE,),
         statuses: Sequence[str] | None = None,
+        valid_at: ValidAt = "now",
+        history: bool = False,
         conn: psycopg.Connection[Any] | None = None,
     ) -> list[Candidate]:
         """``hits`` with their text, metadata and timestamps, in the same order; the scope is checked
@@ -656,7 +809,7 @@ class FactRepository:
         if not hits:
             return []
         params = {
-            **self._scope(org_id, assignment_id, audiences, statuses),
+            **self._scope(org_id, assignment_id, audiences, statuses, valid_at, history),
             "document_ids": [h.document_id for h in hits],
             "chunk_ids": [h.chunk_id for h in hits],
         }
@@ -704,13 +857,21 @@ class FactRepository:
         return nullcontext(conn) if conn is not None else self.reading()
 
     def _scope(
-        self, org_id: str, assignment_id: str, audiences: Sequence[str], statuses: Sequence[str] | None
+        self,
+        org_id: str,
+        assignment_id: str,
+        audiences: Sequence[str],
+        statuses: Sequence[str] | None,
+        valid_at: ValidAt = "now",
+        history: bool = False,
     ) -> dict[str, Any]:
         return {
             "org_id": org_id,
             "assignment_id": assignment_id,
             "audiences": list(audiences),
             "statuses": list(statuses or self.config.admitted_statuses),
+            "valid_at": valid_at,
+            "history": history,
         }
 
     def governing_rows(self, document_ids: Sequence[str], org_id: str) -> dict[str, GoverningRow]:

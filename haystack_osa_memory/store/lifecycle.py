@@ -62,9 +62,32 @@ UPSERT_VOTE = sql.SQL(
 SET_STATUS = sql.SQL("UPDATE {schema}.{gov} SET status = %s, updated_at = now() WHERE id = %s AND org_id = %s")
 RETIRE = sql.SQL(
     """UPDATE {schema}.{gov} SET status = 'retired', updated_at = now(),
-    metadata = metadata || jsonb_build_object('retired', jsonb_build_object('reason', %s::text, 'by', %s::text,
-                                                                             'at', now()))
+    metadata = (metadata - 'supersedes' - 'superseded_by')
+               || jsonb_build_object('retired', jsonb_build_object('reason', %s::text, 'by', %s::text, 'at', now()))
     WHERE id = %s AND org_id = %s"""
+)
+# A fact's links in its chain (`supersedes`, `superseded_by`; facts/SUPERSEDE): the fact itself, the facts it
+# superseded and its successor, locked, so that forgetting it can keep the chain whole.
+LOCK_LINKED = sql.SQL(
+    """SELECT g.id, g.status, g.metadata FROM {schema}.{gov} g
+    WHERE g.org_id = %(org_id)s AND g.source = %(source)s AND g.metadata->>'assignment_id' = %(assignment_id)s
+      AND g.status <> 'retired'
+      AND (g.id = %(document_id)s OR g.id = %(successor)s OR g.metadata->>'superseded_by' = %(document_id)s)
+    ORDER BY g.id FOR UPDATE"""
+)
+SET_LINKS = sql.SQL(
+    "UPDATE {schema}.{gov} SET status = %s, metadata = %s::jsonb, updated_at = now() WHERE id = %s AND org_id = %s"
+)
+# Versions of a chain, read step by step from a fact along its links (same scope, not retired).
+CHAIN_ROWS = sql.SQL(
+    """SELECT g.id, g.status, g.metadata, g.created_at, c.content
+    FROM {schema}.{gov} g LEFT JOIN {schema}.{chunk} c ON c.meta->>'document_id' = g.id
+    WHERE g.id = ANY(%(ids)s) AND g.org_id = %(org_id)s AND g.source = %(source)s
+      AND g.metadata->>'assignment_id' = %(assignment_id)s AND g.status <> 'retired'"""
+)
+FIND_FACT = sql.SQL(
+    "SELECT org_id, metadata->>'assignment_id' FROM {schema}.{gov} "
+    "WHERE id = %s AND source = %s AND status <> 'retired'"
 )
 DELETE_CHUNKS = sql.SQL("DELETE FROM {schema}.{chunk} WHERE meta->>'document_id' = %s")
 DELETE_VOTES = sql.SQL("DELETE FROM {mem}.feedback WHERE document_id = %s")
@@ -157,7 +180,7 @@ EXPORT_ROWS = sql.SQL(
     """SELECT g.id, g.status, g.metadata, g.created_at, c.content
     FROM {schema}.{gov} g JOIN {schema}.{chunk} c ON c.meta->>'document_id' = g.id
     WHERE g.org_id = %s AND g.source = %s AND g.metadata->>'assignment_id' = %s
-      AND g.status IN ('approved', 'proposed', 'flagged', 'rejected')
+      AND g.status IN ('approved', 'proposed', 'flagged', 'rejected', 'superseded')
     ORDER BY g.created_at, g.id"""
 )
 
@@ -177,6 +200,10 @@ _STATEMENTS: dict[str, sql.SQL] = {
     "SET_STATUS": SET_STATUS,
     "RETIRE": RETIRE,
     "DELETE_CHUNKS": DELETE_CHUNKS,
+    "LOCK_LINKED": LOCK_LINKED,
+    "SET_LINKS": SET_LINKS,
+    "CHAIN_ROWS": CHAIN_ROWS,
+    "FIND_FACT": FIND_FACT,
     "DELETE_VOTES": DELETE_VOTES,
     "DELETE_READS": DELETE_READS,
     "DELETE_TERMS": DELETE_TERMS,
@@ -328,6 +355,8 @@ class LifecycleRepository:
             "confirms": confirms,
             "flags": flags,
             "reads": reads,
+            "valid_from": metadata.get("valid_from") or created_at.isoformat(),
+            **{key: metadata[key] for key in ("valid_to", "superseded_by", "supersedes") if metadata.get(key)},
             **({"evidence": metadata["evidence"], "count": metadata.get("count")} if "evidence" in metadata else {}),
         }
 
@@ -385,6 +414,7 @@ class LifecycleRepository:
             row = conn.execute(self._q["LOCK_FACT"], self._params(scope, document_id)).fetchone()
             if row is None:
                 return False
+            chain = self._unlink(conn, scope, document_id)
             conn.execute(self._q["RETIRE"], (reason, actor, document_id, scope.org_id))
             conn.execute(self._q["DELETE_CHUNKS"], (document_id,))
             conn.execute(self._q["DELETE_VOTES"], (document_id,))
@@ -397,9 +427,81 @@ class LifecycleRepository:
                 org_id=scope.org_id,
                 assignment_id=scope.assignment_id,
                 document_id=document_id,
-                details={"reason": reason, "previous_status": row[0]},
+                details={"reason": reason, "previous_status": row[0], **chain},
             )
         return True
+
+    def _unlink(self, conn: psycopg.Connection[Any], scope: Scope, document_id: str) -> dict[str, Any]:
+        """Take a fact about to be forgotten out of its chain. The facts it superseded link to its successor
+        instead (holding until the successor's valid_from); without a successor, they hold again (a
+        retraction says the newer value was never true). Returns what changed, for the audit."""
+        params = {**self._params(scope, document_id), "successor": None}
+        rows = {r[0]: (r[1], dict(r[2])) for r in conn.execute(self._q["LOCK_LINKED"], params).fetchall()}
+        successor = rows.get(document_id, ("", {}))[1].get("superseded_by")
+        if successor:
+            params["successor"] = successor
+            rows = {r[0]: (r[1], dict(r[2])) for r in conn.execute(self._q["LOCK_LINKED"], params).fetchall()}
+        predecessors = sorted(i for i, (_, m) in rows.items() if m.get("superseded_by") == document_id)
+        if not predecessors and not successor:
+            return {}
+        changes: list[tuple[str, str, dict[str, Any]]] = []
+        if successor and successor in rows:
+            status, meta = rows[successor]
+            kept = [i for i in meta.get("supersedes", []) if i != document_id]
+            meta["supersedes"] = list(dict.fromkeys([*kept, *predecessors]))
+            changes.append((successor, status, meta))
+            until = rows[document_id][1].get("valid_to")
+            for pred in predecessors:
+                status, meta = rows[pred]
+                meta["superseded_by"] = successor
+                if until:
+                    meta["valid_to"] = until
+                changes.append((pred, status, meta))
+            summary: dict[str, Any] = {"relinked": predecessors, "to": successor}
+        else:
+            for pred in predecessors:
+                _, meta = rows[pred]
+                status = str(meta.pop("superseded_from", APPROVED))
+                for key in ("superseded_by", "valid_to"):
+                    meta.pop(key, None)
+                changes.append((pred, status, meta))
+            summary = {"restored": predecessors}
+        for doc_id, status, meta in changes:
+            conn.execute(self._q["SET_LINKS"], (status, json.dumps(meta), doc_id, scope.org_id))
+        return summary
+
+    @_scoped
+    def chain(self, scope: Scope, document_id: str, *, limit: int = 200) -> list[dict[str, Any]]:
+        """Every version linked to the fact by supersession (itself included), oldest validity first;
+        empty when the fact is not in the scope."""
+        found: dict[str, dict[str, Any]] = {}
+        frontier = {document_id}
+        with transaction(self.conn_str, self.config) as conn:
+            while frontier and len(found) < limit:
+                params = {**self._params(scope, document_id), "ids": sorted(frontier)}
+                rows = conn.execute(self._q["CHAIN_ROWS"], params).fetchall()
+                frontier = set()
+                for doc_id, status, meta, created_at, content in rows:
+                    found[doc_id] = {
+                        "document_id": doc_id,
+                        "status": status,
+                        "valid_from": meta.get("valid_from") or created_at.isoformat(),
+                        "valid_to": meta.get("valid_to"),
+                        "content": strip_marker(content) if content is not None else None,
+                        "supersedes": list(meta.get("supersedes", [])),
+                        "superseded_by": meta.get("superseded_by"),
+                    }
+                    frontier.update(meta.get("supersedes", []))
+                    if meta.get("superseded_by"):
+                        frontier.add(meta["superseded_by"])
+                frontier -= set(found)
+        return sorted(found.values(), key=lambda v: (datetime.fromisoformat(v["valid_from"]), v["document_id"]))
+
+    def find_scope(self, document_id: str) -> Scope | None:
+        """The scope of a live fact, for operators naming it by id alone (`osa-memory history`)."""
+        with transaction(self.conn_str, self.config) as conn:
+            row = conn.execute(self._q["FIND_FACT"], (document_id, FACT_SOURCE)).fetchone()
+        return Scope(row[0], row[1]) if row is not None and row[1] else None
 
     # -- list ------------------------------------------------------------------------------------
     @_scoped
@@ -519,6 +621,9 @@ class LifecycleRepository:
                 "expires_at": metadata.get("expires_at"),
                 "document_id": doc_id,
                 "created_at": created_at.isoformat(),
+                "valid_from": metadata.get("valid_from") or created_at.isoformat(),
+                "valid_to": metadata.get("valid_to"),
+                "supersedes": list(metadata.get("supersedes", [])),
             }
 
     # -- review ----------------------------------------------------------------------------------

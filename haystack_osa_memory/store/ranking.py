@@ -19,7 +19,8 @@ The arithmetic is, for facts ``i`` in storing order and a context window of ``w`
 - ``vector[i] = cos[i] + vec_ctx * (sum(cos[i-w..i+w]) - cos[i])`` (facts without an embedding count 0
   in their neighbours' sums and have no vector score);
 - ``fused = lex_share * lexical / max(lexical) + (1 - lex_share) * vector / max(max(vector), 0)``
-  (a missing side, or a zero maximum, contributes 0).
+  (a missing side, or a zero maximum, contributes 0), plus ``time_boost`` for a fact that itself holds
+  one of the ``boost_terms`` (time words such as "yesterday" or "last week", for a question about time).
 
 Ranks count from 1, best first, ties broken by storing order. A fact is returned when any of its
 ranks is within ``k``.
@@ -48,6 +49,7 @@ class RankingParams:
     lex_ctx: float = 0.4
     vec_ctx: float = 0.2
     lex_share: float = 0.5
+    time_boost: float = 0.0
 
 
 class RankedFact(NamedTuple):
@@ -148,6 +150,7 @@ def rank_scope(
     *,
     stats: ScopeStats | None = None,
     scored: Sequence[bool] | None = None,
+    boost_terms: Sequence[int] = (),
 ) -> list[RankedFact]:
     """The scope's facts that are within ``params.k`` on the lexical, vector or fused ranking.
 
@@ -161,6 +164,8 @@ def rank_scope(
         their neighbours in storing order); without it the columns are the whole scope.
     :param scored: which rows may be returned (the candidates; their neighbours only lend their context);
         all by default.
+    :param boost_terms: hashes of lexemes that earn a fact ``params.time_boost`` on the fused score when the
+        fact itself holds one (none by default).
     :returns: the selected facts, in storing order.
     :raises ValueError: the columns differ in length, or a packed value is malformed.
     """
@@ -218,6 +223,8 @@ def rank_scope(
     lex_part = np.where(has_lex, lexical / lex_max, 0.0) if lex_max != 0 else np.zeros(n)
     vec_part = np.where(has_vec, vector / vec_den, 0.0) if vec_den != 0 else np.zeros(n)
     fused = params.lex_share * lex_part + (1 - params.lex_share) * vec_part
+    if params.time_boost and len(boost_terms):
+        fused = np.where(kept & term_counts(terms, boost_terms).any(axis=1), fused + params.time_boost, fused)
 
     lex_rank = _ranks(lexical, has_lex)
     vec_rank = _ranks(vector, has_vec)

@@ -18,5 +18,12 @@ class PipelineWrapper(MemoryToolWrapper):
     def run_api(self, args: StoreArguments, headers: Headers | None) -> dict[str, Any]:
         """Hayhooks serves the signature and docstring of `tools.STORE` (arguments, limits, descriptions)."""
         return self.memory.store(
-            args.fact, args.topic, kind=args.kind, ttl_days=args.ttl_days, caller=caller_for(args.assignment, headers)
+            args.fact,
+            args.topic,
+            kind=args.kind,
+            ttl_days=args.ttl_days,
+            supersedes=args.supersedes,
+            valid_from=args.valid_from,
+            valid_to=args.valid_to,
+            caller=caller_for(args.assignment, headers),
         )

@@ -71,6 +71,8 @@ class Server:
     log: Path
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    #: `serve --workers`; None: the default (one per CPU, at most 4).
+    workers: int | None = None
 
     @property
     def url(self) -> str:
@@ -82,7 +84,15 @@ class Server:
     def start(self) -> None:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
-                [*OSA_MEMORY, "serve", "--port", str(self.port), "--log-level", "warning"],
+                [
+                    *OSA_MEMORY,
+                    "serve",
+                    "--port",
+                    str(self.port),
+                    "--log-level",
+                    "warning",
+                    *(["--workers", str(self.workers)] if self.workers else []),
+                ],
                 env=self.env(),
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -217,3 +217,39 @@ def test_remaining_cli_commands(server: Server) -> None:
     )
     assert bridge.returncode == 2
     assert "OSA_MEMORY_TOKEN" in bridge.stderr
+
+
+def test_supersession_and_validity_over_mcp(server: Server) -> None:
+    """A changed fact over MCP: the suggestion, the confirmation with `supersedes`, recall now, as of a
+    date and with history, the chain in `kb_memory_read`, and a foreign id refused with nothing written."""
+    token = server.token("asg-changes")["token"]
+    other = server.token("asg-elsewhere")["token"]
+    old_fact, new_fact = "Staging uses the VPN profile stg-eu", "Staging now uses the VPN profile stg-eu2"
+    _, old = call(server.url, token, "kb_memory_store", {"fact": old_fact, "valid_from": "2026-01-05"})
+    _, new = call(server.url, token, "kb_memory_store", {"fact": new_fact, "valid_from": "2026-03-01"})
+    assert new["possibly_supersedes"] == [{"document_id": old["document_id"], "content": old_fact}]
+    _, foreign = call(server.url, other, "kb_memory_store", {"fact": "Another assignment's VPN profile"})
+    before = row_counts(server.pg_conn_str, server.config)
+    is_error, text = call(
+        server.url, token, "kb_memory_store", {"fact": new_fact, "supersedes": [foreign["document_id"]]}
+    )
+    assert is_error
+    assert f"no fact {foreign['document_id']} in this assignment" in text
+    assert row_counts(server.pg_conn_str, server.config) == before
+    _, confirmed = call(server.url, token, "kb_memory_store", {"fact": new_fact, "supersedes": [old["document_id"]]})
+    assert confirmed["superseded"] == [old["document_id"]]
+    question = {"query": "Which VPN profile does staging use?", "limit": 3}
+    _, now = call(server.url, token, "kb_memory_recall", question)
+    assert [f["content"] for f in now["facts"]] == [new_fact]
+    _, then = call(server.url, token, "kb_memory_recall", {**question, "as_of": "2026-02-01"})
+    assert [f["content"] for f in then["facts"]] == [old_fact]
+    assert then["facts"][0]["valid_to"].startswith("2026-03-01")
+    _, history = call(server.url, token, "kb_memory_recall", {**question, "include_superseded": True})
+    by_id = {f["document_id"]: f for f in history["facts"]}
+    assert by_id[old["document_id"]]["superseded_by"] == new["document_id"]
+    _, read = call(server.url, token, "kb_memory_read", {"document_id": new["document_id"]})
+    assert [v["document_id"] for v in read["chain"]] == [old["document_id"], new["document_id"]]
+    assert read["supersedes"] == [old["document_id"]]
+    is_error, text = call(server.url, token, "kb_memory_recall", {**question, "as_of": "last week"})
+    assert is_error
+    assert "as_of must be an ISO 8601" in text

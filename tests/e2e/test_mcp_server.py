@@ -41,7 +41,7 @@ def test_only_our_tools_are_listed(server: Server) -> None:
     assert store.description
     assert store.description.startswith("Store a durable fact")
     props = store.inputSchema["properties"]
-    assert set(props) == {"fact", "topic", "kind", "ttl_days", "assignment"}
+    assert set(props) == {"fact", "topic", "kind", "ttl_days", "supersedes", "valid_from", "valid_to", "assignment"}
     assert store.inputSchema["additionalProperties"] is False
     assert tools["kb_memory_recall"].inputSchema["properties"]["limit"]["maximum"] == 20
 
@@ -79,7 +79,9 @@ def test_store_recall_and_restart(server: Server) -> None:
     assert not is_error
     assert stored["stored"] is True
     assert stored["assignment_id"] == "asg-restart"
-    assert set(stored) == {"stored", "assignment_id", "document_id", "redactions"}  # identifiers and a count
+    # identifiers, a count, and the facts it may replace (none here)
+    assert set(stored) == {"stored", "assignment_id", "document_id", "redactions", "possibly_supersedes"}
+    assert stored["possibly_supersedes"] == []
     server.stop()
     server.start()
     is_error, recalled = call(server.url, token, "kb_memory_recall", {"query": "staging VPN profile", "limit": 3})
@@ -89,7 +91,17 @@ def test_store_recall_and_restart(server: Server) -> None:
     assert fact["content"] == "The staging VPN profile is called stg-eu"
     assert fact["document_id"] == stored["document_id"]
     assert fact["topic"] == "vpn"
-    assert set(fact) == {"document_id", "content", "topic", "score", "stored_at", "kind", "stale"}
+    assert set(fact) == {
+        "document_id",
+        "content",
+        "topic",
+        "score",
+        "stored_at",
+        "kind",
+        "stale",
+        "valid_from",
+        "valid_to",
+    }
 
 
 def test_two_tokens_never_see_each_other(server: Server) -> None:

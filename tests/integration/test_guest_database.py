@@ -356,7 +356,7 @@ def test_rls_holds_when_our_scope_condition_is_broken(team_db: tuple[Roles, Memo
     assert scope_where in statement
     assert recall_row_org in statement
     broken = statement.replace(scope_where, "WHERE true").replace(recall_row_org, "")
-    params = {"language": "english", "embedding": None, "lexemes": ["ledger"]}
+    params = {"language": "english", "embedding": None, "lexemes": ["ledger"], "valid_at": "now", "history": False}
 
     def ids(uri: str, caller: Caller | None) -> set[str]:
         close_pools()

@@ -38,9 +38,10 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
-from haystack_osa_memory.errors import AuthenticationError, MemoryOffError
+from haystack_osa_memory.errors import AuthenticationError, MemoryOffError, SupersessionError
 from haystack_osa_memory.store.database import close_pools
 from haystack_osa_memory.store.facts import count_facts
+from haystack_osa_memory.store.lifecycle import Scope
 from haystack_osa_memory.store.schema import ensure_schema
 from haystack_osa_memory.transfer import ImportItem
 from tests.conftest import drop_schema, new_schema_config
@@ -86,6 +87,13 @@ BY_DESIGN: tuple[Listed, ...] = (
         {"governing"},
         "`osa-memory review accept ID`: an operator names a fact by id alone, so its org is read first "
         "(every shard, one row); the row is then locked by id and org on one shard",
+    ),
+    _listed(
+        "FIND_FACT",
+        ("SELECT org_id, metadata->>'assignment_id' FROM", "WHERE id = %s AND source = %s AND status <> 'retired'"),
+        {"governing"},
+        "`osa-memory history ID`: an operator names a fact by id alone, so its scope is read first (every "
+        "shard, one row); the chain is then read in that org",
     ),
     _listed(
         "REVIEW_LIST across orgs",
@@ -172,6 +180,13 @@ PENDING: tuple[Listed, ...] = (
         ("'approved', 'proposed', 'flagged', 'rejected'",),
         {"chunk"},
         "export joins the chunk",
+        fix=_CHUNK_ORG_FIX,
+    ),
+    _listed(
+        "CHAIN_ROWS",
+        ("g.id = ANY(%(ids)s)", "c.content"),
+        {"chunk"},
+        "a fact's history (read, `osa-memory history`) joins each version's chunk",
         fix=_CHUNK_ORG_FIX,
     ),
     _listed(
@@ -594,6 +609,15 @@ def run_operations(cfg: MemoryConfig, orgs: tuple[str, str]) -> None:
         assert lexical.feedback(ids[2], "confirm", caller=me)["status"] == "approved"  # trust 2/5
         assert lexical.feedback(ids[2], "flag", caller=me)["status"] == "flagged"  # the vote replaced: 1/5
         lexical.forget(ids[1], "superseded", caller=me)
+        # A fact that changes: supersession (and a refused one), its history, forgetting inside the chain.
+        window = lexical.store("The deploy window is 14-16 UTC", caller=me, valid_from="2026-01-05")["document_id"]
+        moved = lexical.store("The deploy window is 15-17 UTC", caller=me, supersedes=[window])["document_id"]
+        with pytest.raises(SupersessionError):
+            lexical.store("The deploy window is 9-11 UTC", caller=me, supersedes=[window])
+        assert [v["document_id"] for v in lexical.history(moved, caller=me)] == [window, moved]
+        assert lifecycle.find_scope(moved) == Scope(org, ASSIGNMENT)
+        assert lexical.recall("deploy window", caller=me, as_of="2026-02-01")["facts"]
+        lexical.forget(moved, "wrong window", caller=me)
         assert lexical.status(caller=me)["database"] == "ok"
         assert lexical.reflect(caller=me)["facts_consolidated"] == 2
         exported = list(lexical.export(caller=me))

@@ -438,6 +438,8 @@ def test_repeated_query_on_one_pooled_connection_does_not_degrade(kb: ScaledKb) 
         "query": t.crowded_query,
         "embedding": vector_literal(t.query_vector.tolist()),
         "lexemes": kb.repo.query_terms(t.crowded_query).lexemes,
+        "valid_at": "now",
+        "history": False,
     }
     with get_pool(kb.conn_str, kb.config).connection() as conn:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime
 
 import psycopg
 import pytest
@@ -44,6 +45,7 @@ class TestStore:
             "assignment_id": "asg-alpha",
             "document_id": result["document_id"],
             "redactions": 0,
+            "possibly_supersedes": [],
         }
         row = _gov_row(pg_conn_str, config, result["document_id"])
         assert row is not None
@@ -55,6 +57,8 @@ class TestStore:
             "ai_internal",
             "approved",
         )
+        valid_from = datetime.fromisoformat(metadata.pop("valid_from"))  # the store time by default
+        assert abs((datetime.now(UTC) - valid_from).total_seconds()) < 60
         assert metadata == {
             "assignment_id": "asg-alpha",
             "osa_memory": True,
@@ -198,7 +202,17 @@ class TestRecall:
         assert "degraded" not in result
         facts = result["facts"]
         assert len(facts) == 2
-        assert set(facts[0]) == {"document_id", "content", "topic", "score", "stored_at", "kind", "stale"}
+        assert set(facts[0]) == {
+            "document_id",
+            "content",
+            "topic",
+            "score",
+            "stored_at",
+            "kind",
+            "stale",
+            "valid_from",
+            "valid_to",
+        }
         assert facts[0]["score"] >= facts[1]["score"] > 0
         assert all("Lunch" not in f["content"] for f in facts)
 

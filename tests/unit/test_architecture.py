@@ -12,7 +12,21 @@ PACKAGE = Path(__file__).resolve().parents[2] / "haystack_osa_memory"
 #: Layer of each module (by its dotted name under the package, a package's name covering its modules),
 #: lowest first. Keep in step with docs/architecture.md.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("errors", "markers", "config", "caller", "validation", "tools", "instruments", "privacy")),
+    (
+        "base",
+        (
+            "errors",
+            "markers",
+            "config",
+            "caller",
+            "validation",
+            "tools",
+            "instruments",
+            "privacy",
+            "supersession",
+            "time_phrases",
+        ),
+    ),
     ("store", ("store",)),
     ("components", ("components",)),
     ("assembly", ("builders", "embedders", "yaml_pipelines")),
