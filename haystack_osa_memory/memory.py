@@ -36,7 +36,7 @@ from haystack_osa_memory.store.lifecycle import (
 )
 from haystack_osa_memory.store.memory_store import MemoryStore
 from haystack_osa_memory.store.schema import InitReport, SchemaState, ensure_schema, prepare_schema
-from haystack_osa_memory.supersession import Weights, probable_succession
+from haystack_osa_memory.supersession import Weights, fact_words, probable_succession, value_changed
 from haystack_osa_memory.tools import SUPERSEDES_MAX
 from haystack_osa_memory.transfer import ImportItem, ImportReport, import_facts
 from haystack_osa_memory.validation import (
@@ -69,10 +69,12 @@ logger = logging.getLogger(__name__)
 
 #: The scope's best matches for a stored fact that are tested as facts it may replace, and how many are offered.
 SUGGESTIONS_SEARCHED = 10
-SUGGESTIONS_MAX = 5
+SUGGESTIONS_MAX = 8
 #: Content-word overlap for a suggestion: lower than recall's (`supersession.SIMILARITY_MIN`), because the
 #: agent confirms what is suggested, and a missed predecessor keeps answering as if it still held.
 SUGGESTION_SIMILARITY_MIN = 0.3
+#: ... or cosine similarity of the two facts' vectors.
+SUGGESTION_COSINE_MIN = 0.65
 JUDGE_PROMPT = """You keep an engineering team's memory. Does the NEW fact replace the OLD fact, i.e. is it \
 about the same subject and states a changed value, so that the OLD fact no longer holds?
 OLD: {old}
@@ -368,13 +370,20 @@ class Memory:
             {"document_id": d.meta["document_id"], "content": d.content or ""}
             for d in self.recall_pipeline.get_component("strip").run(documents=admitted)["documents"]
         ]
+        found = [f for f in found if f["document_id"] != document_id and f["document_id"] not in named]
         weights = Weights([text, *(f["content"] for f in found)])
+        new = fact_words(text)
+        changed = [f for f in found if value_changed(fact_words(f["content"]), new)]
+        close: dict[str, float] = {}
+        if embedding is not None and changed and self.kb is not None:
+            # The same statement in other words: the vectors tell what the words do not.
+            with fact_scope(caller.org_id, caller.assignment_id):
+                close = self.kb.facts.cosines_to(document_id, [f["document_id"] for f in changed], caller.org_id)
         return [
             {"document_id": f["document_id"], "content": f["content"]}
-            for f in found
-            if f["document_id"] != document_id
-            and f["document_id"] not in named
-            and probable_succession(f["content"], text, similarity_min=SUGGESTION_SIMILARITY_MIN, weights=weights)
+            for f in changed
+            if close.get(f["document_id"], 0.0) >= SUGGESTION_COSINE_MIN
+            or probable_succession(f["content"], text, similarity_min=SUGGESTION_SIMILARITY_MIN, weights=weights)
         ][:SUGGESTIONS_MAX]
 
     def _judge_says_replaces(self, old: str, new: str) -> bool:

@@ -365,6 +365,17 @@ ORDER BY t.seq"""
 )
 
 
+# Cosine similarity of one fact to others, from their recall rows (the vector written with each fact):
+# `kb_memory_store` asks it of the facts it may replace (`Memory`'s `possibly_supersedes`).
+COSINES_TO = sql.SQL(
+    """SELECT b.document_id, 1 - (a.embedding <=> b.embedding)
+    FROM {schema}.osa_fact_terms a
+        JOIN {schema}.osa_fact_terms b ON b.org_id = a.org_id AND b.document_id = ANY(%(ids)s)
+    WHERE a.document_id = %(document_id)s AND a.org_id = %(org_id)s
+      AND a.embedding IS NOT NULL AND b.embedding IS NOT NULL"""
+)
+
+
 @dataclass(frozen=True)
 class ScopeSize:
     """A scope's recall rows: how many, their mean length in lexemes, and when this was read."""
@@ -503,6 +514,7 @@ class FactRepository:
         self._counts: dict[tuple[str, str, int], tuple[float, float]] = {}
         self._sizes_lock = threading.Lock()
         self._governing_rows = GOVERNING_ROWS.format(**names)
+        self._cosines_to = COSINES_TO.format(**names)
         self._write_fact = WRITE_FACT.format(
             upsert_row=self._upsert_row,
             lexeme_stats=lexeme_stats(sql.SQL("x.tsv")),
@@ -836,6 +848,14 @@ class FactRepository:
                     )
                 )
         return found
+
+    def cosines_to(self, document_id: str, others: Sequence[str], org_id: str) -> dict[str, float]:
+        """The cosine similarity of a fact to each of ``others`` (`COSINES_TO`); facts without vectors are absent."""
+        if not others:
+            return {}
+        params = {"document_id": document_id, "ids": list(others), "org_id": org_id}
+        with self.reading() as conn:
+            return {r[0]: float(r[1]) for r in conn.execute(self._cosines_to, params).fetchall()}
 
     def query_terms(self, query: str, *, conn: psycopg.Connection[Any] | None = None) -> QueryTerms:
         """The query's distinct lexemes and their hashes (`QUERY_TERMS`): `SCOPE_ROWS` takes the lexemes

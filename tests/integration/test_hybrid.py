@@ -431,3 +431,27 @@ def test_init_restores_missing_triggers(pg_conn_str: str, hybrid_config: MemoryC
         assert conn.execute(count, (chunk_table,)).fetchone() == (1,)
         assert ensure_schema(pg_conn_str, hybrid_config).version_before == SCHEMA_VERSION
         assert conn.execute(count, (chunk_table,)).fetchone() == (2,)
+
+
+def test_a_restatement_in_other_words_is_suggested_by_its_vector(
+    hybrid_config: MemoryConfig, minilm: tuple[Any, Any]
+) -> None:
+    """The words of the two facts barely overlap (`supersession.probable_succession` says no); their
+    vectors are close, and a value changed: the older fact is offered as `possibly_supersedes`."""
+    from haystack_osa_memory.supersession import probable_succession
+
+    memory, me, _ = _store_facts(hybrid_config, minilm)
+    old = "The billing service listens on port 8080."
+    new = "After the migration, billing is served on port 8443."
+    assert not probable_succession(old, new, similarity_min=0.3)
+    stored = memory.store(old, caller=me)["document_id"]
+    suggested = memory.store(new, caller=me)["possibly_supersedes"]
+    assert {"document_id": stored, "content": old} in suggested
+    assert all(s["content"] not in FACTS for s in suggested)  # no value changed there that the vector could pair
+    # Off: no search, nothing suggested, the same fact stored.
+    quiet = Memory(
+        hybrid_config.model_copy(update={"suggest_supersedes": False}),
+        document_embedder=build_embedders(MemoryConfig(embedder="minilm"))[0],
+        text_embedder=build_embedders(MemoryConfig(embedder="minilm"))[1],
+    )
+    assert "possibly_supersedes" not in quiet.store(new, caller=me)
