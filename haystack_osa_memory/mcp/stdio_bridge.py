@@ -437,7 +437,12 @@ class Bridge:
                 items = await self._local(self.buffer.pending)
                 sent = 0
                 for item in items:
-                    result = await self._call_remote(session, str(item.get("tool")), dict(item.get("arguments") or {}))
+                    arguments = dict(item.get("arguments") or {})
+                    queued_at = item.get("queued_at")
+                    if item.get("tool") == "kb_memory_store" and not arguments.get("valid_from") and queued_at:
+                        # A queued fact holds from when the agent stored it, not from when the buffer drains.
+                        arguments["valid_from"] = queued_at
+                    result = await self._call_remote(session, str(item.get("tool")), arguments)
                     if result.isError:
                         refusal = "".join(getattr(c, "text", "") for c in result.content)[:2000]
                         blocked = {

@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -211,6 +212,9 @@ def test_offline_stores_are_queued_survive_restart_and_flush_in_order_once(serve
     assert sorted(f["content"] for f in recalled["facts"]) == sorted(facts)
     by_time = sorted(recalled["facts"], key=lambda f: f["stored_at"])
     assert [f["content"] for f in by_time] == facts  # sent in the order they were queued
+    # each holds from when the agent stored it (queued), not from when the buffer drained
+    queued_at = {i["arguments"]["fact"]: datetime.fromisoformat(i["queued_at"]) for i in items}
+    assert {f["content"]: datetime.fromisoformat(f["valid_from"]) for f in recalled["facts"]} == queued_at
     assert buffer_items(buffer) == []
     after = kb_rows(server)
     assert after[0] == before[0] + 3

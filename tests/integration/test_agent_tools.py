@@ -62,3 +62,28 @@ def test_no_scope_in_state_fails_closed(memory: Memory, alice: Caller) -> None:
     assert tool_results
     assert tool_results[0].tool_call_result.error
     assert memory.recall("nowhere", caller=alice)["facts"] == []
+
+
+def test_agent_supersedes_and_recalls_as_of(memory: Memory, alice: Caller) -> None:
+    """The Agent's tools take what the MCP tools take: `supersedes`, `valid_from`, `as_of`."""
+    old = memory.store("CI uses Python 3.11", caller=alice, valid_from="2026-01-05")["document_id"]
+    store_call = ToolCall(
+        tool_name="kb_memory_store",
+        arguments={"fact": "CI now uses Python 3.13", "supersedes": [old], "valid_from": "2026-03-01"},
+    )
+    recall_call = ToolCall(tool_name="kb_memory_recall", arguments={"query": "CI Python", "as_of": "2026-02-01"})
+    replies = [
+        ChatMessage.from_assistant(tool_calls=[store_call]),
+        ChatMessage.from_assistant(tool_calls=[recall_call]),
+        ChatMessage.from_assistant("Done."),
+    ]
+    result = _agent(memory, replies).run(
+        messages=[ChatMessage.from_user("Python changed")],
+        osa_scope={"org_id": alice.org_id, "assignment_id": alice.assignment_id},
+    )
+    assert memory.read(old, caller=alice)["status"] == "superseded"
+    assert [f["content"] for f in memory.recall("CI Python", caller=alice)["facts"]] == ["CI now uses Python 3.13"]
+    recalled = [m for m in result["messages"] if m.tool_call_result is not None][-1].tool_call_result
+    assert recalled is not None
+    assert "CI uses Python 3.11" in recalled.result
+    assert "3.13" not in recalled.result
