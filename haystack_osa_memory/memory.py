@@ -345,7 +345,9 @@ class Memory:
             vector = vectors[0] if vectors else None
             possible = self._possible_predecessors(text, doc_id, set(replaced), caller, vector)
             if self.judge is not None and possible:
-                confirmed = [p["document_id"] for p in possible if self._judge_says_replaces(p["content"], text)]
+                # The judge sees what was stored (redacted), never the caller's raw text: it may be a remote LLM.
+                shown = self._redact_short(text)[0] or text
+                confirmed = [p["document_id"] for p in possible if self._judge_says_replaces(p["content"], shown)]
                 if confirmed:
                     meta["supersedes"] = confirmed
                     self._write([Document(content=text, meta=meta)], caller, action="store-judged")

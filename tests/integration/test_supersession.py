@@ -288,6 +288,10 @@ class TestPossibleSuccession:
         assert governing(pg_conn_str, config, old)[0] == "superseded"
         assert judge.prompts
         assert OLD in judge.prompts[0]
+        secret = "Staging now uses the VPN profile stg-eu8 on 10.20.30.40"
+        memory.store(secret, caller=alice)
+        assert any("stg-eu8" in prompt for prompt in judge.prompts)  # the judge was asked about it ...
+        assert not any("10.20.30.40" in prompt for prompt in judge.prompts)  # ... and saw the redacted fact
         refused = memory.store("Staging now uses the VPN profile stg-eu7", caller=alice)
         assert "superseded" not in refused
         assert refused["possibly_supersedes"] == []
