@@ -92,20 +92,9 @@ def memory_tools(memory: Memory, state_key: str = SCOPE_STATE_KEY) -> list[Tool]
     """`kb_memory_store` and `kb_memory_recall` as Haystack tools bound to ``memory`` (declared in `tools.py`)."""
 
     def store(args: StoreArguments, caller: Caller) -> dict[str, Any]:
-        return memory.store(
-            args.fact,
-            args.topic,
-            kind=args.kind,
-            ttl_days=args.ttl_days,
-            supersedes=args.supersedes,
-            valid_from=args.valid_from,
-            valid_to=args.valid_to,
-            caller=caller,
-        )
+        return memory.store_arguments(args, caller=caller)
 
     def recall(args: RecallArguments, caller: Caller) -> dict[str, Any]:
-        return memory.recall(
-            args.query, args.limit, as_of=args.as_of, include_superseded=args.include_superseded, caller=caller
-        )
+        return memory.recall_arguments(args, caller=caller)
 
     return [_tool(STORE, state_key, store), _tool(RECALL, state_key, recall)]

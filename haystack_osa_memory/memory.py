@@ -37,7 +37,7 @@ from haystack_osa_memory.store.lifecycle import (
 from haystack_osa_memory.store.memory_store import MemoryStore
 from haystack_osa_memory.store.schema import InitReport, SchemaState, ensure_schema, prepare_schema
 from haystack_osa_memory.supersession import Weights, fact_words, probable_succession, value_changed
-from haystack_osa_memory.tools import SUPERSEDES_MAX
+from haystack_osa_memory.tools import SUPERSEDES_MAX, RecallArguments, StoreArguments
 from haystack_osa_memory.transfer import ImportItem, ImportReport, import_facts
 from haystack_osa_memory.validation import (
     KINDS,
@@ -355,6 +355,25 @@ class Memory:
                 possible = []
             answer["possibly_supersedes"] = possible
         return answer
+
+    def store_arguments(self, args: StoreArguments, *, caller: Caller) -> dict[str, Any]:
+        """`store` with the `kb_memory_store` tool's arguments (the MCP wrapper and the Agent tool)."""
+        return self.store(
+            args.fact,
+            args.topic,
+            kind=args.kind,
+            ttl_days=args.ttl_days,
+            supersedes=args.supersedes,
+            valid_from=args.valid_from,
+            valid_to=args.valid_to,
+            caller=caller,
+        )
+
+    def recall_arguments(self, args: RecallArguments, *, caller: Caller) -> dict[str, Any]:
+        """`recall` with the `kb_memory_recall` tool's arguments (the MCP wrapper and the Agent tool)."""
+        return self.recall(
+            args.query, args.limit, as_of=args.as_of, include_superseded=args.include_superseded, caller=caller
+        )
 
     def _possible_predecessors(
         self, text: str, document_id: str, named: set[str], caller: Caller, embedding: Any | None

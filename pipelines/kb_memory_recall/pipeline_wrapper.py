@@ -17,10 +17,4 @@ class PipelineWrapper(MemoryToolWrapper):
     @tool_api(RECALL)
     def run_api(self, args: RecallArguments, headers: Headers | None) -> dict[str, Any]:
         """Hayhooks serves the signature and docstring of `tools.RECALL` (arguments, limits, descriptions)."""
-        return self.memory.recall(
-            args.query,
-            args.limit,
-            as_of=args.as_of,
-            include_superseded=args.include_superseded,
-            caller=caller_for(args.assignment, headers),
-        )
+        return self.memory.recall_arguments(args, caller=caller_for(args.assignment, headers))

@@ -17,13 +17,4 @@ class PipelineWrapper(MemoryToolWrapper):
     @tool_api(STORE)
     def run_api(self, args: StoreArguments, headers: Headers | None) -> dict[str, Any]:
         """Hayhooks serves the signature and docstring of `tools.STORE` (arguments, limits, descriptions)."""
-        return self.memory.store(
-            args.fact,
-            args.topic,
-            kind=args.kind,
-            ttl_days=args.ttl_days,
-            supersedes=args.supersedes,
-            valid_from=args.valid_from,
-            valid_to=args.valid_to,
-            caller=caller_for(args.assignment, headers),
-        )
+        return self.memory.store_arguments(args, caller=caller_for(args.assignment, headers))

@@ -205,6 +205,10 @@ class _RecordingMemory:
         self.calls.append(("recall", args, kwargs))
         return {"facts": []}
 
+    # Memory's own mapping of the tools' arguments, run against the recording `store` and `recall` above.
+    store_arguments = Memory.store_arguments
+    recall_arguments = Memory.recall_arguments
+
 
 def test_agent_tools_are_built_from_the_specs() -> None:
     from haystack.components.agents.state.state import State
