@@ -68,13 +68,13 @@ from haystack_osa_memory.yaml_pipelines import EMBED, PipelineDefinitions, load_
 logger = logging.getLogger(__name__)
 
 #: The scope's best matches for a stored fact that are tested as facts it may replace, and how many are offered.
-SUGGESTIONS_SEARCHED = 10
+SUGGESTIONS_SEARCHED = 15
 SUGGESTIONS_MAX = 8
 #: Content-word overlap for a suggestion: lower than recall's (`supersession.SIMILARITY_MIN`), because the
 #: agent confirms what is suggested, and a missed predecessor keeps answering as if it still held.
 SUGGESTION_SIMILARITY_MIN = 0.3
 #: ... or cosine similarity of the two facts' vectors.
-SUGGESTION_COSINE_MIN = 0.65
+SUGGESTION_COSINE_MIN = 0.6
 JUDGE_PROMPT = """You keep an engineering team's memory. Does the NEW fact replace the OLD fact, i.e. is it \
 about the same subject and states a changed value, so that the OLD fact no longer holds?
 OLD: {old}

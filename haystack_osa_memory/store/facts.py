@@ -214,6 +214,25 @@ link AS (
 )
 SELECT old.id FROM old"""
 )
+# A successor answers questions worded like the facts it replaced: its recall row's lexemes (and their
+# scope-salted keys) are recomputed from its own text and its predecessors', so "Swift now runs in
+# sa-east-1" is still found by "which region is the swift cluster in?" once it superseded "The swift
+# cluster lives in region eu-west-1". Its vector, and what recall returns, stay its own.
+INHERIT_TERMS = sql.SQL(
+    """UPDATE {schema}.osa_fact_terms t SET terms = ls.terms, dl = ls.dl, term_keys = {term_keys}
+    FROM (SELECT to_tsvector(%(language)s::regconfig,
+                 regexp_replace(c.content, '^<!-- osa-memory:scope [^\n]* -->\n', '') || E'\n' ||
+                 coalesce((SELECT string_agg(regexp_replace(p.content, '^<!-- osa-memory:scope [^\n]* -->\n', ''),
+                                             E'\n' ORDER BY p.id)
+                           FROM {schema}.{chunk} p
+                           WHERE p.id IN (SELECT jsonb_array_elements_text(g.metadata->'supersedes')
+                                          FROM {schema}.{gov} g
+                                          WHERE g.id = %(successor)s AND g.org_id = %(org_id)s)), '')) AS tsv
+          FROM {schema}.{chunk} c WHERE c.id = %(successor)s
+          OFFSET 0) x,  -- tokenised once (see SCOPE_ROWS)
+         LATERAL ({lexeme_stats}) ls
+    WHERE t.document_id = %(successor)s AND t.org_id = %(org_id)s"""
+)
 # Why an id named in ``supersedes`` was not superseded (read in the same transaction, before it is undone).
 SUPERSEDE_REFUSALS = sql.SQL(
     """SELECT g.id, g.status, g.metadata->>'superseded_by', {valid_from}
@@ -498,6 +517,11 @@ class FactRepository:
         self._scope_facts = SCOPE_FACTS.format(**names, valid_at=VALID_AT)
         self._supersede = SUPERSEDE.format(**names, valid_from=VALID_FROM, valid_from_text=_VALID_FROM_TEXT)
         self._supersede_refusals = SUPERSEDE_REFUSALS.format(**names, valid_from=VALID_FROM)
+        self._inherit_terms = INHERIT_TERMS.format(
+            **names,
+            lexeme_stats=lexeme_stats(sql.SQL("x.tsv")),
+            term_keys=term_keys_of(sql.SQL("ls.terms"), sql.SQL("%(org_id)s"), sql.SQL("%(assignment_id)s")),
+        )
         self._scope_stats = SCOPE_STATS.format(**names)
         self._big_df = BIG_SCOPE_DF.format(**names)
         self._big_lexical = BIG_SCOPE_LEXICAL.format(**names)
@@ -598,6 +622,8 @@ class FactRepository:
         }
         done = {r[0] for r in cur.execute(self._supersede, params).fetchall()}
         if done == set(ids):
+            inherit = {**scope, "successor": written["id"], "language": written["language"]}
+            cur.execute(self._inherit_terms, inherit)
             return
         found = {r[0]: r[1:] for r in cur.execute(self._supersede_refusals, scope).fetchall()}
         successor = found.get(written["id"])

@@ -183,6 +183,14 @@ PENDING: tuple[Listed, ...] = (
         fix=_CHUNK_ORG_FIX,
     ),
     _listed(
+        "INHERIT_TERMS",
+        ("UPDATE", "osa_fact_terms t SET terms = ls.terms"),
+        {"chunk"},
+        "a successor's recall row takes its predecessors' words: it reads their chunks by id",
+        fix="store/facts.py INHERIT_TERMS: `AND c.org_id = %(org_id)s` / `AND p.org_id = %(org_id)s` once the "
+        "chunk table has it",
+    ),
+    _listed(
         "CHAIN_ROWS",
         ("g.id = ANY(%(ids)s)", "c.content"),
         {"chunk"},

@@ -102,6 +102,18 @@ class TestSupersedes:
         with pytest.raises(SupersessionError, match="not before the new fact"):
             memory.store("Staging used profile stg-eu0", caller=alice, valid_from=at(5), supersedes=[new])
 
+    def test_a_successor_is_found_by_its_predecessors_words(self, memory: Memory, alice: Caller) -> None:
+        """The new wording leaves out "region" and "cluster"; the fact it superseded said them."""
+        old = memory.store("The swift cluster lives in region eu-west-1.", caller=alice, valid_from=at(0))
+        memory.store("The region of the robin cluster is eu-west-1 after the move.", caller=alice, valid_from=at(1))
+        memory.store("Deploys to the robin cluster need a ticket.", caller=alice, valid_from=at(2))
+        new = memory.store(
+            "Swift now runs in sa-east-1.", caller=alice, valid_from=at(3), supersedes=[old["document_id"]]
+        )
+        facts = memory.recall("Which region is the swift cluster in?", caller=alice)["facts"]
+        assert facts[0]["document_id"] == new["document_id"]
+        assert facts[0]["content"] == "Swift now runs in sa-east-1."  # recall returns its own text
+
     def test_two_supersessions_of_one_fact_at_once(
         self, memory: Memory, alice: Caller, pg_conn_str: str, config: MemoryConfig
     ) -> None:
