@@ -341,20 +341,36 @@ class Memory:
         }
         if replaced:
             answer["superseded"] = replaced
-        if self.config.suggest_supersedes:
-            vector = vectors[0] if vectors else None
+        if not self.config.suggest_supersedes:
+            return answer
+        # The fact is stored: what follows only adds to the answer, and its failure must not turn the
+        # store into an error (the agent would store it again).
+        vector = vectors[0] if vectors else None
+        try:
             possible = self._possible_predecessors(text, doc_id, set(replaced), caller, vector)
-            if self.judge is not None and possible:
-                # The judge sees what was stored (redacted), never the caller's raw text: it may be a remote LLM.
-                shown = self._redact_short(text)[0] or text
-                confirmed = [p["document_id"] for p in possible if self._judge_says_replaces(p["content"], shown)]
+        except OsaMemoryError as e:
+            logger.warning("store %s: the search for the facts it may replace failed: %s", doc_id, type(e).__name__)
+            return answer
+        if self.judge is not None and possible:
+            try:
+                confirmed = self._judged(text, possible)
                 if confirmed:
                     meta["supersedes"] = confirmed
                     self._write([Document(content=text, meta=meta)], caller, action="store-judged")
                     answer["superseded"] = [*replaced, *confirmed]
                 possible = []
-            answer["possibly_supersedes"] = possible
+            except Exception as e:  # any chat generator, any failure: its suggestions are returned instead
+                logger.warning(
+                    "store %s: the judge failed (%s); its suggestions are returned", doc_id, type(e).__name__
+                )
+        answer["possibly_supersedes"] = possible
         return answer
+
+    def _judged(self, text: str, possible: list[dict[str, str]]) -> list[str]:
+        """The ids of ``possible`` the judge says ``text`` replaces. It sees what was stored (redacted),
+        never the caller's raw text: it may be a remote LLM."""
+        shown = self._redact_short(text)[0] or text
+        return [p["document_id"] for p in possible if self._judge_says_replaces(p["content"], shown)]
 
     def store_arguments(self, args: StoreArguments, *, caller: Caller) -> dict[str, Any]:
         """`store` with the `kb_memory_store` tool's arguments (the MCP wrapper and the Agent tool)."""

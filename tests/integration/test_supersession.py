@@ -308,6 +308,21 @@ class TestPossibleSuccession:
         assert "superseded" not in refused
         assert refused["possibly_supersedes"] == []
 
+    def test_a_failing_judge_leaves_the_store_done_and_suggests(self, config: MemoryConfig, alice: Caller) -> None:
+        @component
+        class BrokenJudge:
+            @component.output_types(replies=list[ChatMessage])
+            def run(self, messages: list[ChatMessage]) -> dict[str, Any]:
+                raise TimeoutError("the model did not answer")
+
+        memory = Memory(config, use_default_embedders=False, judge=BrokenJudge())
+        old = memory.store(OLD, caller=alice)["document_id"]
+        result = memory.store(NEW, caller=alice)
+        assert result["stored"] is True
+        assert "superseded" not in result
+        assert {"document_id": old, "content": OLD} in result["possibly_supersedes"]
+        assert memory.read(old, caller=alice)["status"] == "approved"
+
 
 class TestConflicts:
     def test_newer_validity_first_and_the_pair_flagged(self, memory: Memory, alice: Caller) -> None:
