@@ -60,6 +60,25 @@ def valid_from_of(cand: Candidate) -> datetime:
     return cand.created_at
 
 
+def successors_first(candidates: list[Candidate]) -> list[Candidate]:
+    """History in its order: a superseded fact never ranks above the fact that replaced it when both are
+    there (the successor moves up to just before it)."""
+    order = list(candidates)
+    for _ in range(len(order)):  # each pass moves one successor up; a chain of n needs at most n passes
+        at = {c.document_id: i for i, c in enumerate(order)}
+        moved = False
+        for i, cand in enumerate(order):
+            successor = cand.metadata.get("superseded_by")
+            j = at.get(successor) if isinstance(successor, str) else None
+            if j is not None and j > i:
+                order.insert(i, order.pop(j))
+                moved = True
+                break
+        if not moved:
+            break
+    return order
+
+
 def newer_first(
     candidates: list[Candidate], scores: dict[str, float], query: str
 ) -> tuple[list[Candidate], dict[str, list[str]]]:
@@ -356,6 +375,8 @@ class ScopedMemoryRetriever:
         conflicts: dict[str, list[str]] = {}
         if self.resolve_conflicts and not include_superseded:
             top, conflicts = newer_first(top, scores, query)
+        if include_superseded:
+            top = successors_first(top)
         documents = []
         for cand in top[:k]:
             meta = {

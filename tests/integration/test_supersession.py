@@ -180,6 +180,17 @@ class TestValidity:
         assert "superseded_by" not in history[new]
         assert datetime.fromisoformat(history[new]["valid_from"]) == JAN + timedelta(days=30)
 
+    def test_history_lists_a_successor_before_what_it_replaced(self, memory: Memory, alice: Caller) -> None:
+        old = memory.store("Staging VPN: the staging VPN profile is stg-eu", caller=alice, valid_from=at(0))
+        new = memory.store("Staging moved to stg-eu2", caller=alice, valid_from=at(9), supersedes=[old["document_id"]])
+        query = "staging VPN profile"
+        listed = memory.recall(query, caller=alice, include_superseded=True)["facts"]
+        assert [f["document_id"] for f in listed] == [new["document_id"], old["document_id"]]
+        # (by wording alone the old one ranks first); as of before the change, it alone held
+        assert [f["document_id"] for f in memory.recall(query, caller=alice, as_of=at(5))["facts"]] == [
+            old["document_id"]
+        ]
+
     def test_explicit_validity_window(self, memory: Memory, alice: Caller) -> None:
         memory.store("The freeze holds deploys back", caller=alice, valid_from=at(0), valid_to=at(7))
         future = (datetime.now(UTC) + timedelta(days=30)).isoformat()
