@@ -36,7 +36,7 @@ from haystack_osa_memory.store.lifecycle import (
 )
 from haystack_osa_memory.store.memory_store import MemoryStore
 from haystack_osa_memory.store.schema import InitReport, SchemaState, ensure_schema, prepare_schema
-from haystack_osa_memory.supersession import Weights, fact_words, probable_succession, value_changed
+from haystack_osa_memory.supersession import Weights, fact_words, similarity, value_changed
 from haystack_osa_memory.tools import SUPERSEDES_MAX, RecallArguments, StoreArguments
 from haystack_osa_memory.transfer import ImportItem, ImportReport, import_facts
 from haystack_osa_memory.validation import (
@@ -396,7 +396,7 @@ class Memory:
     ) -> list[dict[str, str]]:
         """Facts of the caller's scope that ``text`` probably restates with another value: the scope's best
         matches for it (the recall components, with the vector the store just computed: no second
-        embedding), tested by `supersession.probable_succession`."""
+        embedding): those with a changed value whose words overlap or whose vectors are close."""
         assert self.recall_pipeline is not None
         scope = {"org_id": caller.org_id, "assignment_id": caller.assignment_id}
         retrieved = self.recall_pipeline.get_component("retrieve").run(
@@ -410,17 +410,19 @@ class Memory:
         found = [f for f in found if f["document_id"] != document_id and f["document_id"] not in named]
         weights = Weights([text, *(f["content"] for f in found)])
         new = fact_words(text)
-        changed = [f for f in found if value_changed(fact_words(f["content"]), new)]
+        # A probable succession (`supersession.probable_succession`): a changed value, then words or vectors.
+        changed = [(f, words) for f in found if value_changed(words := fact_words(f["content"]), new)]
         close: dict[str, float] = {}
         if embedding is not None and changed and self.kb is not None:
             # The same statement in other words: the vectors tell what the words do not.
             with fact_scope(caller.org_id, caller.assignment_id):
-                close = self.kb.facts.cosines_to(document_id, [f["document_id"] for f in changed], caller.org_id)
+                ids = [f["document_id"] for f, _ in changed]
+                close = self.kb.facts.cosines_to(document_id, ids, caller.org_id)
         return [
-            {"document_id": f["document_id"], "content": f["content"]}
-            for f in changed
+            f
+            for f, words in changed
             if close.get(f["document_id"], 0.0) >= SUGGESTION_COSINE_MIN
-            or probable_succession(f["content"], text, similarity_min=SUGGESTION_SIMILARITY_MIN, weights=weights)
+            or similarity(words, new, weights) >= SUGGESTION_SIMILARITY_MIN
         ][:SUGGESTIONS_MAX]
 
     def _judge_says_replaces(self, old: str, new: str) -> bool:
@@ -634,10 +636,8 @@ class Memory:
         *,
         as_of: datetime | None = None,
         include_superseded: bool = False,
-        checked: bool = False,
     ) -> dict[str, Any]:
-        if not checked:
-            self._lifecycle(caller)
+        self._lifecycle(caller)
         assert self.recall_pipeline is not None
         scope = {"org_id": caller.org_id, "assignment_id": caller.assignment_id}
         data: dict[str, Any] = {"retrieve": {**scope, "query": query, "top_k": limit}, "acl": dict(scope)}

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Final
 
-#: Least share of content words two facts must have in common (Jaccard) to be a probable succession.
+#: Least `similarity` (shared words over all, weighed) of two facts for a probable succession.
 SIMILARITY_MIN: Final = 0.5
 #: A query word names the subject when it weighs at least this share of the query's heaviest word.
 SUBJECT_SHARE: Final = 0.75
@@ -59,6 +59,11 @@ class FactWords:
     content: frozenset[str]
     values: frozenset[str]
     openers: frozenset[str] = frozenset()
+
+    @property
+    def tokens(self) -> frozenset[str]:
+        """Content words and values together."""
+        return self.content | self.values
 
 
 def _stem(word: str) -> str:
@@ -117,8 +122,7 @@ class Weights:
         self.df: Counter[str] = Counter()
         self.n = 0
         for text in texts:
-            words = fact_words(text)
-            self.df.update(words.content | words.values)
+            self.df.update(fact_words(text).tokens)
             self.n += 1
 
     def __call__(self, word: str) -> float:
@@ -136,7 +140,7 @@ def similarity(
     of their content words and shared values (values that differ do not count against them: a succession
     changes a value). Unweighted without ``weight``; the words in ``ignore`` do not count."""
     w = weight or (lambda _: 1.0)
-    shared = ((a.content | a.values) & (b.content | b.values)) - ignore
+    shared = (a.tokens & b.tokens) - ignore
     total = sum(w(t) for t in (a.content | b.content | shared) - ignore)
     if not total:
         return 1.0 if ignore else 0.0  # nothing beyond what is ignored: they say the same of it
@@ -169,11 +173,10 @@ def subject_words(query: str, weights: Weights, texts: Iterable[str]) -> frozens
     """The words of ``query`` that name what it asks about: of its words found in ``texts``, those that
     weigh at least `SUBJECT_SHARE` of the heaviest (the rarest among those facts: "billing" in
     "which port does the billing service listen on?"). Empty when no word of the query is found."""
-    asked = fact_words(query)
+    asked = fact_words(query).tokens
     found: set[str] = set()
     for text in texts:
-        words = fact_words(text)
-        found |= (asked.content | asked.values) & (words.content | words.values)
+        found |= asked & fact_words(text).tokens
     if not found:
         return frozenset()
     top = max(weights(t) for t in found)

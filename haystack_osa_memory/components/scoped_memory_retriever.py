@@ -82,11 +82,13 @@ def successors_first(candidates: list[Candidate]) -> list[Candidate]:
 def newer_first(
     candidates: list[Candidate], scores: dict[str, float], query: str
 ) -> tuple[list[Candidate], dict[str, list[str]]]:
-    """Among probable successions (`supersession.probable_succession`) that answer the query about equally
-    well, the fact valid from later ranks first; returns the new order and each fact's conflicting ids."""
+    """Among facts that restate each other with another value and answer the query about equally well, the
+    one valid from later ranks first; returns the new order and each fact's conflicting ids. Restating: both
+    hold the query's subject words (`supersession.subject_words`), a value changed, and beyond the subject
+    their words overlap (`CONFLICT_SIMILARITY_MIN`)."""
     texts = [strip_marker(c.content) for c in candidates]
     words = [fact_words(t) for t in texts]
-    bags = [w.content | w.values for w in words]
+    bags = [w.tokens for w in words]
     weights = Weights(texts)
     subject = subject_words(query, weights, texts)
     if not subject:

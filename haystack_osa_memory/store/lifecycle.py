@@ -72,7 +72,9 @@ LOCK_LINKED = sql.SQL(
     """SELECT g.id, g.status, g.metadata FROM {schema}.{gov} g
     WHERE g.org_id = %(org_id)s AND g.source = %(source)s AND g.metadata->>'assignment_id' = %(assignment_id)s
       AND g.status <> 'retired'
-      AND (g.id = %(document_id)s OR g.id = %(successor)s OR g.metadata->>'superseded_by' = %(document_id)s)
+      AND (g.id = %(document_id)s OR g.metadata->>'superseded_by' = %(document_id)s
+           OR g.id = (SELECT f.metadata->>'superseded_by' FROM {schema}.{gov} f
+                      WHERE f.id = %(document_id)s AND f.org_id = %(org_id)s))
     ORDER BY g.id FOR UPDATE"""
 )
 SET_LINKS = sql.SQL(
@@ -223,6 +225,11 @@ _STATEMENTS: dict[str, sql.SQL] = {
 _EPOCH = "1970-01-01T00:00:00+00:00"
 
 
+def valid_from_text(metadata: dict[str, Any], created_at: datetime) -> str:
+    """When a fact holds from (ISO 8601): its ``valid_from``, else (stored before validity times) its creation."""
+    return str(metadata.get("valid_from") or created_at.isoformat())
+
+
 def trust_of(confirms: int, flags: int) -> float:
     """Trust = (confirms + 1) / (confirms + flags + 2): 0.5 with no votes."""
     return (confirms + 1) / (confirms + flags + 2)
@@ -355,7 +362,7 @@ class LifecycleRepository:
             "confirms": confirms,
             "flags": flags,
             "reads": reads,
-            "valid_from": metadata.get("valid_from") or created_at.isoformat(),
+            "valid_from": valid_from_text(metadata, created_at),
             **{key: metadata[key] for key in ("valid_to", "superseded_by", "supersedes") if metadata.get(key)},
             **({"evidence": metadata["evidence"], "count": metadata.get("count")} if "evidence" in metadata else {}),
         }
@@ -435,12 +442,9 @@ class LifecycleRepository:
         """Take a fact about to be forgotten out of its chain. The facts it superseded link to its successor
         instead (holding until the successor's valid_from); without a successor, they hold again (a
         retraction says the newer value was never true). Returns what changed, for the audit."""
-        params = {**self._params(scope, document_id), "successor": None}
+        params = self._params(scope, document_id)
         rows = {r[0]: (r[1], dict(r[2])) for r in conn.execute(self._q["LOCK_LINKED"], params).fetchall()}
         successor = rows.get(document_id, ("", {}))[1].get("superseded_by")
-        if successor:
-            params["successor"] = successor
-            rows = {r[0]: (r[1], dict(r[2])) for r in conn.execute(self._q["LOCK_LINKED"], params).fetchall()}
         predecessors = sorted(i for i, (_, m) in rows.items() if m.get("superseded_by") == document_id)
         if not predecessors and not successor:
             return {}
@@ -485,7 +489,7 @@ class LifecycleRepository:
                     found[doc_id] = {
                         "document_id": doc_id,
                         "status": status,
-                        "valid_from": meta.get("valid_from") or created_at.isoformat(),
+                        "valid_from": valid_from_text(meta, created_at),
                         "valid_to": meta.get("valid_to"),
                         "content": strip_marker(content) if content is not None else None,
                         "supersedes": list(meta.get("supersedes", [])),
@@ -621,7 +625,7 @@ class LifecycleRepository:
                 "expires_at": metadata.get("expires_at"),
                 "document_id": doc_id,
                 "created_at": created_at.isoformat(),
-                "valid_from": metadata.get("valid_from") or created_at.isoformat(),
+                "valid_from": valid_from_text(metadata, created_at),
                 "valid_to": metadata.get("valid_to"),
                 "supersedes": list(metadata.get("supersedes", [])),
             }
