@@ -4,10 +4,13 @@ started, they fail."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import psycopg
@@ -148,3 +151,14 @@ def team_db(pg_conn_str: str) -> Iterator[tuple[Roles, MemoryConfig]]:
         close_pools()
         drop_schema(pg_conn_str, cfg.kb_schema)
         roles.drop()
+
+
+def load_benchmark(script: Path, name: str) -> ModuleType:
+    """A benchmark script imported as module ``name`` (the smoke tests call its ``main`` in this process)."""
+    spec = importlib.util.spec_from_file_location(name, script)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the script is executed
+    spec.loader.exec_module(module)
+    return module

@@ -8,7 +8,6 @@ product must be printed and plausible; the fresh-process memory probe runs once,
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -20,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, load_benchmark
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.embeddings]
 
@@ -29,13 +28,7 @@ BACKENDS = ["ours-int8", "ours-fp32", "st-torch"]
 
 
 def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("embedders_under_test", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the script is executed
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark(SCRIPT, "embedders_under_test")
 
 
 def _turns(session: int, speakers: tuple[str, str], texts: list[str]) -> list[dict[str, str]]:

@@ -11,9 +11,7 @@ Modes (b) and (c) are only checked for plausibility; their targets are measured 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from datetime import datetime
 from pathlib import Path
 from types import ModuleType
@@ -21,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, load_benchmark
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.embeddings]
 
@@ -31,13 +29,7 @@ SEED = 1
 
 
 def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("updates_under_test", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the script is executed
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark(SCRIPT, "updates_under_test")
 
 
 def test_generator_is_seeded_and_well_formed() -> None:

@@ -12,14 +12,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, load_benchmark
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.embeddings]
 
@@ -27,13 +26,7 @@ SCRIPT = REPO / "benchmarks" / "vs_mem0.py"
 
 
 def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("vs_mem0_under_test", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the script is executed
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark(SCRIPT, "vs_mem0_under_test")
 
 
 def require_mem0() -> None:

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import re
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -29,8 +26,8 @@ from haystack_osa_memory.privacy.redaction import (
     compile_policy,
     redact,
 )
+from tests.conftest import REPO, load_benchmark
 
-REPO = Path(__file__).resolve().parents[2]
 CORPUS_PATH = REPO / "tests" / "data" / "redaction_corpus.jsonl"
 CASES: list[dict[str, Any]] = [json.loads(line) for line in CORPUS_PATH.read_text(encoding="utf-8").splitlines()]
 CLASS_OF = {placeholder: name for name, placeholder in PLACEHOLDERS.items()}
@@ -40,13 +37,7 @@ MAX_ACCEPTED_MISSES = 3
 @functools.cache
 def _benchmark() -> ModuleType:
     """benchmarks/redaction.py: the scoring the benchmark prints is the scoring asserted here."""
-    spec = importlib.util.spec_from_file_location("redaction_benchmark", REPO / "benchmarks" / "redaction.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark(REPO / "benchmarks" / "redaction.py", "redaction_benchmark")
 
 
 def _placeholder_counts(text: str) -> dict[str, int]:
