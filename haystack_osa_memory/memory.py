@@ -72,9 +72,12 @@ SUGGESTIONS_SEARCHED = 15
 SUGGESTIONS_MAX = 8
 #: Content-word overlap for a suggestion: lower than recall's (`supersession.SIMILARITY_MIN`), because the
 #: agent confirms what is suggested, and a missed predecessor keeps answering as if it still held.
-SUGGESTION_SIMILARITY_MIN = 0.3
+SUGGESTION_SIMILARITY_MIN = 0.15
 #: ... or cosine similarity of the two facts' vectors.
-SUGGESTION_COSINE_MIN = 0.6
+SUGGESTION_COSINE_MIN = 0.5
+#: ... and the two share a word that names the subject: one weighing at least this share of the new fact's
+#: heaviest word among the matches. Two subjects written with one template share only its light words.
+SUGGESTION_SHARED_SHARE = 0.5
 JUDGE_PROMPT = """You keep an engineering team's memory. Does the NEW fact replace the OLD fact, i.e. is it \
 about the same subject and states a changed value, so that the OLD fact no longer holds?
 OLD: {old}
@@ -396,7 +399,8 @@ class Memory:
     ) -> list[dict[str, str]]:
         """Facts of the caller's scope that ``text`` probably restates with another value: the scope's best
         matches for it (the recall components, with the vector the store just computed: no second
-        embedding): those with a changed value whose words overlap or whose vectors are close."""
+        embedding): those with a changed value whose words overlap or whose vectors are close, and that share
+        a word naming the subject with it (not only a template's words)."""
         assert self.recall_pipeline is not None
         scope = {"org_id": caller.org_id, "assignment_id": caller.assignment_id}
         retrieved = self.recall_pipeline.get_component("retrieve").run(
@@ -418,11 +422,15 @@ class Memory:
             with fact_scope(caller.org_id, caller.assignment_id):
                 ids = [f["document_id"] for f, _ in changed]
                 close = self.kb.facts.cosines_to(document_id, ids, caller.org_id)
+        top = max((weights(t) for t in new.tokens), default=0.0)
         return [
             f
             for f, words in changed
-            if close.get(f["document_id"], 0.0) >= SUGGESTION_COSINE_MIN
-            or similarity(words, new, weights) >= SUGGESTION_SIMILARITY_MIN
+            if (
+                close.get(f["document_id"], 0.0) >= SUGGESTION_COSINE_MIN
+                or similarity(words, new, weights) >= SUGGESTION_SIMILARITY_MIN
+            )
+            and max((weights(t) for t in words.tokens & new.tokens), default=0.0) >= SUGGESTION_SHARED_SHARE * top
         ][:SUGGESTIONS_MAX]
 
     def _judge_says_replaces(self, old: str, new: str) -> bool:

@@ -217,9 +217,10 @@ SELECT old.id FROM old"""
 # A successor answers questions worded like the facts it replaced: its recall row's lexemes (and their
 # scope-salted keys) are recomputed from its own text and its predecessors', so "Swift now runs in
 # sa-east-1" is still found by "which region is the swift cluster in?" once it superseded "The swift
-# cluster lives in region eu-west-1". Its vector, and what recall returns, stay its own.
+# cluster lives in region eu-west-1". Its vector, its length (BM25's dl: the words it takes do not make it
+# look long), and what recall returns stay its own.
 INHERIT_TERMS = sql.SQL(
-    """UPDATE {schema}.osa_fact_terms t SET terms = ls.terms, dl = ls.dl, term_keys = {term_keys}
+    """UPDATE {schema}.osa_fact_terms t SET terms = ls.terms, term_keys = {term_keys}
     FROM (SELECT to_tsvector(%(language)s::regconfig,
                  regexp_replace(c.content, '^<!-- osa-memory:scope [^\n]* -->\n', '') || E'\n' ||
                  coalesce((SELECT string_agg(regexp_replace(p.content, '^<!-- osa-memory:scope [^\n]* -->\n', ''),

@@ -283,6 +283,20 @@ class TestPossibleSuccession:
         assert governing(pg_conn_str, config, old)[0] == "superseded"
         assert memory.store("Staging deploys need two approvals", caller=alice)["possibly_supersedes"] == []
 
+    def test_other_subjects_of_one_template_are_not_suggested(self, memory: Memory, alice: Caller) -> None:
+        billing = memory.store("The billing service listens on port 8080", caller=alice)["document_id"]
+        others = {
+            memory.store(f"The {name} service listens on port {port}", caller=alice)["document_id"]
+            for name, port in (("search", 9200), ("payments", 7000), ("ledger", 6100))
+        }
+        suggested = {
+            s["document_id"]
+            for s in memory.store("The billing service now listens on port 8443", caller=alice)["possibly_supersedes"]
+        }
+        # They share only the template's words; billing's own fact shares the subject's name.
+        assert billing in suggested
+        assert not suggested & others
+
     def test_suggestions_can_be_turned_off(self, config: MemoryConfig, alice: Caller) -> None:
         memory = Memory(config.model_copy(update={"suggest_supersedes": False}), use_default_embedders=False)
         memory.store(OLD, caller=alice)
