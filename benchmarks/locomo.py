@@ -63,7 +63,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from haystack_osa_memory import Caller, MemoryConfig, MiniLMDocumentEmbedder
+from haystack_osa_memory import Caller, Memory, MemoryConfig, MiniLMDocumentEmbedder
 from haystack_osa_memory.builders import build_recall_pipeline, build_store_pipeline
 from haystack_osa_memory.embedders import build_embedders
 from haystack_osa_memory.markers import IDENTIFIER_PATTERN, MARKER_LOOKALIKE
@@ -434,8 +434,12 @@ def store_all(
     batch_size: int,
     show: bool,
     embedders: tuple[Any | None, Any | None] | None = None,
+    *,
+    through_memory: bool = False,
 ) -> StoredBase:
-    """Store every turn through our store pipeline, in batches, into a fresh schema.
+    """Store every turn through our store pipeline, in batches, into a fresh schema; with ``through_memory``,
+    one turn per `Memory.store` call instead, as an agent stores through ``kb_memory_store`` (each store also
+    searches for the facts it may replace and notes them, `possibly_supersedes`).
 
     ``embedders``: (document, text) embedders to use instead of the variant's (benchmarks/embedders.py).
     """
@@ -448,13 +452,34 @@ def store_all(
     )
     ensure_schema(conn_str, config)
     doc_embedder, text_embedder = embedders if embedders is not None else variant_embedders(config, variant)
-    pipe: Pipeline = build_store_pipeline(config, doc_embedder)
-    pipe.warm_up()
-    entry = store_entry(pipe)
     dia_ids: dict[str, dict[str, frozenset[str]]] = {}
     by_content: dict[str, dict[str, frozenset[str]]] = {}
     total = sum(len(c.turns) for c in conversations)
     started = time.perf_counter()
+    if through_memory:
+        memory = Memory(config)  # its own embedders, the same model (config.embedder)
+        memory.warm_up()
+        with progress_bar(show) as bar:
+            task = bar.add_task(f"store [{variant.name}] one fact per Memory.store", total=total)
+            for conv in conversations:
+                ids: dict[str, set[str]] = defaultdict(set)
+                for turn in conv.turns:
+                    ids[memory.store(turn.fact, caller=conv.caller)["document_id"]].add(turn.dia_id)
+                    bar.advance(task)
+                dia_ids[conv.caller.assignment_id] = {k: frozenset(v) for k, v in ids.items()}
+                by_content[conv.caller.assignment_id] = {}
+        seconds = time.perf_counter() - started
+        return StoredBase(
+            config=config,
+            dia_ids=dia_ids,
+            by_content=by_content,
+            seconds=seconds,
+            facts=sum(len(v) for v in dia_ids.values()),
+            embedders=(doc_embedder, text_embedder),
+        )
+    pipe: Pipeline = build_store_pipeline(config, doc_embedder)
+    pipe.warm_up()
+    entry = store_entry(pipe)
     with progress_bar(show) as bar:
         task = bar.add_task(f"store [{variant.name}]", total=total)
         for conv in conversations:
@@ -642,6 +667,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--candidate-k", type=int, default=None)
     parser.add_argument("--fusion", choices=["rrf", "lexical_first"], default=None)
     parser.add_argument("--language", default=None, help="PostgreSQL text-search configuration (english, simple)")
+    parser.add_argument(
+        "--store-through",
+        choices=["pipeline", "memory"],
+        default="pipeline",
+        help="store turns in batches through the store pipeline, or one per Memory.store call (as kb_memory_store)",
+    )
     parser.add_argument("--per-question", action="store_true", help="include per-question results in the JSON")
     parser.add_argument("--keep-schema", action="store_true", help="do not drop the benchmark schemas")
     parser.add_argument("--no-progress", action="store_true")
@@ -709,7 +740,14 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for variant in variants:
                 if variant.store_key not in bases:
-                    bases[variant.store_key] = store_all(conversations, variant, conn_str, args.batch_size, show)
+                    bases[variant.store_key] = store_all(
+                        conversations,
+                        variant,
+                        conn_str,
+                        args.batch_size,
+                        show,
+                        through_memory=args.store_through == "memory",
+                    )
                 base = bases[variant.store_key]
                 result = recall_all(conversations, base, variant, args.top_k, show, args.per_question)
                 print_result(result)

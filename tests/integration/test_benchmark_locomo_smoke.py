@@ -172,3 +172,30 @@ def test_locomo_harness_on_a_tiny_file(pg_conn_str: str, tmp_path: Path) -> None
     starter = by_question["What is the sourdough starter called?"]
     assert starter["evidence"] == ["D2:1", "D1:2"]  # "D2:1; D:1:2" split and normalised
     assert starter["top"][0] == ["D2:1"]
+
+
+def test_storing_one_turn_per_memory_store_recalls_the_same(pg_conn_str: str, tmp_path: Path) -> None:
+    """`--store-through memory` stores each turn with `Memory.store` (as `kb_memory_store` does, with the
+    search for what it may replace): recall answers as after the batched store pipeline."""
+    data = tmp_path / "tiny_locomo.json"
+    data.write_text(json.dumps(tiny_locomo()), encoding="utf-8")
+    env = {**os.environ, "PG_CONN_STR": pg_conn_str, "HF_HUB_OFFLINE": "1"}
+    tops = {}
+    for path in ("pipeline", "memory"):
+        out = tmp_path / f"{path}.json"
+        proc = subprocess.run(
+            [sys.executable, str(HARNESS), "--data", str(data), "--embedder", "none", "--json", str(out)]
+            + ["--per-question", "--no-progress", "--store-through", path],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        (result,) = json.loads(out.read_text(encoding="utf-8"))["results"].values()
+        assert result["timing"]["facts"] == 12
+        tops[path] = {q["question"]: q["top"] for q in result["per_question"]}
+    assert len(tops["memory"]) == 5
+    assert tops["memory"] == tops["pipeline"]
