@@ -107,8 +107,10 @@ means the default sizes below N, then N), instead of the design comparison:
 - At each size ``--queries`` facts (default 200, fixed seed) are queried by their own text and by a
   paraphrase (the same person, ticket code, system and aspect in other words) through ``Memory.recall``
   (top ``--k``, default 8) in process, **query embedding included** (``MiniLMTextEmbedder``, the configured
-  query precision, int8 by default). Every query runs on both paths back to back (which one goes first
-  alternates), on a fresh ``Memory``: the big path with ``exact_scope_max`` = ``--exact-scope-max`` (default
+  query precision, int8 by default). Every query runs on three paths back to back (the order alternates), on
+  a fresh ``Memory``: the big path; the big path with every common lexeme counted rather than read from
+  PostgreSQL's statistics (``FactRepository.lexeme_estimates = False``, the previous version, "counted"); the
+  exact path. The big paths with ``exact_scope_max`` = ``--exact-scope-max`` (default
   the product's ``EXACT_SCOPE_MAX``), or 0 where the scope is not bigger than that (the row says
   "forced"), and the exact path with ``exact_scope_max`` = 10^9, set on the ``FactRepository`` that recall
   uses and restored afterwards. Reported per path: latency p50/p95/p99, the share of queries whose fact is
@@ -1285,7 +1287,8 @@ class Bench:
 BIG_DEFAULT_SIZES = (1_000, 10_000, 100_000)
 #: ``FactRepository.exact_scope_max`` that makes every scope take the exact path.
 FORCE_EXACT = 10**9
-BIG_SIDES = ("big", "exact")
+#: The big-scope path, the same with every common lexeme counted (no statistics: the previous version), exact.
+BIG_SIDES = ("big", "counted", "exact")
 #: Targets of the big-scope run.
 BIG_P95_MS_AT_100K = 50.0
 BIG_OWN_TEXT_MIN = 0.99
@@ -1533,7 +1536,8 @@ class BigScopeBench(Bench):
         with repo.reading() as conn:
             seen = repo.scope_size(self.callers[0].org_id, self.callers[0].assignment_id, conn=conn).facts
         product_path = "big" if seen > configured else "exact"
-        thresholds = {"big": configured if seen > configured else 0, "exact": FORCE_EXACT}
+        big_threshold = configured if seen > configured else 0
+        thresholds = {"big": big_threshold, "counted": big_threshold, "exact": FORCE_EXACT}
         caller = self.callers[0]
         sample = random.Random(p.seed * 1_000_003 + size).sample(range(size), min(p.queries, size))
         queries = [(self.facts[i], kind) for kind in KINDS for i in sample]
@@ -1542,6 +1546,7 @@ class BigScopeBench(Bench):
         for fact, kind in queries[: min(3, len(queries))]:  # warm-up, unmeasured
             for side in BIG_SIDES:
                 repo.exact_scope_max = thresholds[side]
+                repo.lexeme_estimates = side != "counted"
                 memory.recall(fact.query(kind), limit=p.k, caller=caller)
         try:
             with ProgressLog(f"recall at {size:,} facts (big and exact)", len(queries)) as bar:
@@ -1549,6 +1554,7 @@ class BigScopeBench(Bench):
                     text = fact.query(kind)
                     for side in BIG_SIDES if n % 2 == 0 else BIG_SIDES[::-1]:
                         repo.exact_scope_max = thresholds[side]
+                        repo.lexeme_estimates = side != "counted"
                         t0 = time.perf_counter()
                         answer = memory.recall(text, limit=p.k, caller=caller)
                         elapsed = time.perf_counter() - t0
@@ -1564,11 +1570,12 @@ class BigScopeBench(Bench):
                     bar.advance(1)
         finally:
             repo.exact_scope_max = configured
+            repo.lexeme_estimates = True
         per_kind = len(sample)
         paths = {
             side: {
                 "exact_scope_max": thresholds[side],
-                "forced": side != product_path,
+                "forced": (side == "exact") != (product_path == "exact"),
                 "latency_ms": percentiles(run.seconds),
                 "own_hit": round(run.hits["own"] / per_kind, 4),
                 "para_hit": round(run.hits["para"] / per_kind, 4),
@@ -1726,7 +1733,9 @@ def print_big_size(s: dict[str, Any], k: int) -> None:
             f"{path['own_hit']:.1%}",
             f"{path['para_hit']:.1%}",
             str(path["degraded"]),
-            ("forced" if path["forced"] else "product default") + f", exact_scope_max {path['exact_scope_max']:,}",
+            ("forced" if path["forced"] else "product default")
+            + f", exact_scope_max {path['exact_scope_max']:,}"
+            + (", common lexemes counted, not read from statistics" if side == "counted" else ""),
         )
     console.print(table)
     q = s["query_embedding_ms"]
@@ -1771,6 +1780,7 @@ def print_big_report(r: Report) -> None:
         "facts",
         "product path",
         "big p50 / p95 ms",
+        "big, lexemes counted p50 / p95 ms",
         "exact p50 / p95 ms",
         "speed-up p50 / p95",
         f"same top {p['k']}",
@@ -1780,11 +1790,12 @@ def print_big_report(r: Report) -> None:
     ):
         table.add_column(col, justify="right")
     for s in b["sizes"]:
-        big, exact = s["paths"]["big"], s["paths"]["exact"]
+        big, counted, exact = s["paths"]["big"], s["paths"]["counted"], s["paths"]["exact"]
         table.add_row(
             f"{s['facts']:,}",
             s["product_path"],
             f"{big['latency_ms']['p50']:.1f} / {big['latency_ms']['p95']:.1f}" + (" (forced)" if big["forced"] else ""),
+            f"{counted['latency_ms']['p50']:.1f} / {counted['latency_ms']['p95']:.1f}",
             f"{exact['latency_ms']['p50']:.1f} / {exact['latency_ms']['p95']:.1f}",
             f"{s['speedup']['p50']:.2f}x / {s['speedup']['p95']:.2f}x",
             f"{s['agreement']['identical_top_k_share']:.1%}",

@@ -326,6 +326,20 @@ BIG_SCOPE_DF = sql.SQL(
     FROM unnest(%(keys)s::int8[]) WITH ORDINALITY AS k(key, i) ORDER BY k.i"""
 )
 LEXEME_COUNT_CAP = 5000
+# How many rows of osa_fact_terms hold each of the table's most common lexeme keys, estimated from
+# PostgreSQL's own statistics (the share of rows holding it, times the table's rows; kept by ANALYZE and
+# autovacuum). Keys are salted with their scope, so a key's rows are one scope's facts. A lexeme of a big
+# scope held by more than `RARE_LEXEME_MAX_DF` facts is read here instead of counted: counting walks its
+# posting list and fetches up to `LEXEME_COUNT_CAP` rows, tens of milliseconds. pg_stats hides the
+# statistics of a table whose row-level security applies to the reader: then such lexemes are counted.
+COMMON_LEXEMES = sql.SQL(
+    """SELECT s.most_common_elems::text::int8[], s.most_common_elem_freqs, c.reltuples
+    FROM pg_catalog.pg_stats s
+        JOIN pg_catalog.pg_namespace n ON n.nspname = s.schemaname
+        JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = s.tablename
+    WHERE s.schemaname = %(schema)s AND s.tablename = 'osa_fact_terms' AND s.attname = 'term_keys'"""
+)
+COMMON_LEXEMES_TTL_S = 300.0
 # The facts holding the query's rarer lexemes, best first by the idf they hold (BM25 without term
 # frequency and length), at most `LEXICAL_CANDIDATES`: ranking reads each candidate with its neighbours.
 BIG_SCOPE_LEXICAL = sql.SQL(
@@ -536,10 +550,14 @@ class FactRepository:
         #: Scopes with more recall rows than this take the big-scope path (candidates from indexes).
         self.exact_scope_max = EXACT_SCOPE_MAX
         self._sizes: dict[tuple[str, str], ScopeSize] = {}
-        self._counts: dict[tuple[str, str, int], tuple[float, float]] = {}
+        self._counts: dict[tuple[str, str, int, bool], tuple[float, float]] = {}
+        #: Read the common lexemes' counts from PostgreSQL's statistics (`COMMON_LEXEMES`) instead of counting.
+        self.lexeme_estimates = True
+        self._common: tuple[dict[int, float], float] = ({}, -math.inf)
         self._sizes_lock = threading.Lock()
         self._governing_rows = GOVERNING_ROWS.format(**names)
         self._cosines_to = COSINES_TO.format(**names)
+        self._common_lexemes_sql = COMMON_LEXEMES
         self._write_fact = WRITE_FACT.format(
             upsert_row=self._upsert_row,
             lexeme_stats=lexeme_stats(sql.SQL("x.tsv")),
@@ -757,23 +775,50 @@ class FactRepository:
         return size
 
     def _lexeme_counts(self, cur: psycopg.Cursor[Any], scope: dict[str, str], keys: list[int]) -> list[float]:
-        """How many of the scope's facts hold each key (BIG_SCOPE_DF), remembered for `SCOPE_STATS_TTL_S`
-        seconds: a common lexeme's count walks thousands of postings, and queries repeat lexemes."""
+        """How many of the scope's facts hold each key, remembered for `SCOPE_STATS_TTL_S` seconds (queries
+        repeat lexemes): counted (BIG_SCOPE_DF) up to just past `RARE_LEXEME_MAX_DF`; past it, a common
+        lexeme's count comes from PostgreSQL's statistics (`COMMON_LEXEMES`), or, where they do not have
+        it, is counted up to `LEXEME_COUNT_CAP`."""
         now = time.monotonic()
+        estimates = self.lexeme_estimates
+        org, assignment = scope["org_id"], scope["assignment_id"]
         with self._sizes_lock:
-            known = {k: self._counts.get((scope["org_id"], scope["assignment_id"], k)) for k in keys}
+            known = {k: self._counts.get((org, assignment, k, estimates)) for k in keys}
         missing = [k for k, v in known.items() if v is None or now - v[1] > SCOPE_STATS_TTL_S]
         counts = {k: v[0] for k, v in known.items() if v is not None and k not in missing}
         if missing:
-            cur.execute(self._big_df, {**scope, "keys": missing, "cap": LEXEME_COUNT_CAP})
+            cap = RARE_LEXEME_MAX_DF + 1 if estimates else LEXEME_COUNT_CAP
+            cur.execute(self._big_df, {**scope, "keys": missing, "cap": cap})
             fresh = {k: float(r[0]) for k, r in zip(missing, cur.fetchall(), strict=True)}
+            common = [k for k, c in fresh.items() if estimates and c > RARE_LEXEME_MAX_DF]
+            if common:
+                rows = self._common_lexemes(cur, now)
+                counted = [k for k in common if k not in rows]
+                fresh.update({k: max(rows[k], fresh[k]) for k in common if k in rows})
+                if counted:
+                    cur.execute(self._big_df, {**scope, "keys": counted, "cap": LEXEME_COUNT_CAP})
+                    fresh.update({k: float(r[0]) for k, r in zip(counted, cur.fetchall(), strict=True)})
             counts.update(fresh)
             with self._sizes_lock:
                 if len(self._counts) > 100_000:  # bounded, as the sizes
                     self._counts.clear()
                 for k, c in fresh.items():
-                    self._counts[(scope["org_id"], scope["assignment_id"], k)] = (c, now)
+                    self._counts[(org, assignment, k, estimates)] = (c, now)
         return [counts[k] for k in keys]
+
+    def _common_lexemes(self, cur: psycopg.Cursor[Any], now: float) -> dict[int, float]:
+        """`COMMON_LEXEMES`: the estimated rows holding each of the table's most common keys, re-read every
+        `COMMON_LEXEMES_TTL_S` seconds (empty where PostgreSQL has no statistics, or hides them)."""
+        rows, read_at = self._common
+        if now - read_at <= COMMON_LEXEMES_TTL_S:
+            return rows
+        row = cur.execute(self._common_lexemes_sql, {"schema": self.config.kb_schema}).fetchone()
+        rows = {}
+        if row is not None and row[0] is not None and row[1] is not None:
+            total = max(float(row[2] or 0.0), 0.0)
+            rows = {int(k): float(f) * total for k, f in zip(row[0], row[1], strict=False)}
+        self._common = (rows, now)
+        return rows
 
     def _big_scope_hits(
         self,
