@@ -835,7 +835,9 @@ class FactRepository:
         hashes = list(dict.fromkeys(query_terms))
         keys = [term_key(params["org_id"], params["assignment_id"], h) for h in hashes]
         scope = {"org_id": params["org_id"], "assignment_id": params["assignment_id"]}
-        df = self._lexeme_counts(cur, scope, keys)
+        # An estimate from the statistics may exceed the scope's size (read at another time): never more facts
+        # than the scope has, or BM25's idf would turn negative.
+        df = [min(d, float(size.facts)) for d in self._lexeme_counts(cur, scope, keys)]
         rare = [(k, d) for k, d in zip(keys, df, strict=True) if 0 < d <= RARE_LEXEME_MAX_DF]
         seqs: set[int] = set()
         if rare:

@@ -184,8 +184,10 @@ def test_storing_one_turn_per_memory_store_recalls_the_same(pg_conn_str: str, tm
     for path in ("pipeline", "memory"):
         out = tmp_path / f"{path}.json"
         proc = subprocess.run(
-            [sys.executable, str(HARNESS), "--data", str(data), "--embedder", "none", "--json", str(out)]
-            + ["--per-question", "--no-progress", "--store-through", path],
+            [
+                *(sys.executable, str(HARNESS), "--data", str(data), "--embedder", "none", "--json", str(out)),
+                *("--per-question", "--no-progress", "--store-through", path),
+            ],
             cwd=REPO,
             env=env,
             capture_output=True,

@@ -15,7 +15,7 @@ from haystack_osa_memory import Caller, Memory, MemoryConfig
 from haystack_osa_memory.errors import DatabaseError, SchemaError
 from haystack_osa_memory.store import schema
 from haystack_osa_memory.store.database import close_pools, fact_scope, read
-from haystack_osa_memory.store.facts import FactRepository
+from haystack_osa_memory.store.facts import COMMON_LEXEMES, FactRepository
 from haystack_osa_memory.store.schema import MIGRATIONS, SCHEMA_VERSION, check_schema, ensure_schema
 from tests.conftest import Roles, drop_schema, new_schema_config
 
@@ -298,6 +298,12 @@ def test_runtime_role_serves_with_row_rights_only(team_db: tuple[Roles, MemoryCo
         ensure_schema(roles.uri("runtime"), cfg, row_level_security=True)
 
 
+def _statistics_rows(uri: str, cfg: MemoryConfig) -> int:
+    """Rows of `COMMON_LEXEMES` (PostgreSQL's statistics of the recall rows' lexeme keys) the role sees."""
+    with psycopg.connect(uri, autocommit=True) as conn:
+        return len(conn.execute(COMMON_LEXEMES, {"schema": cfg.kb_schema}).fetchall())
+
+
 def test_row_level_security_hides_facts_from_everyone_without_the_scope(team_db: tuple[Roles, MemoryConfig]) -> None:
     roles, cfg = team_db
     _customer_rows(roles, cfg)
@@ -308,12 +314,18 @@ def test_row_level_security_hides_facts_from_everyone_without_the_scope(team_db:
     assert _visible(roles.uri("team"), cfg) == (5, 5, 2)
     assert _visible(roles.uri("owner"), cfg) == (5, 5, 2)
 
+    with psycopg.connect(roles.uri("owner"), autocommit=True) as conn:
+        conn.execute(sql.SQL("ANALYZE {schema}.osa_fact_terms").format(**cfg.sql_names()))
+    assert _statistics_rows(roles.uri("runtime"), cfg) == 1
+
     report = ensure_schema(roles.uri("owner"), cfg, row_level_security=True)
     assert report.row_level_security
     assert check_schema(roles.admin, cfg).row_level_security
     close_pools()
     for who in ("team", "owner"):
         assert _visible(roles.uri(who), cfg) == (3, 3, 0), who  # every customer row, no fact
+    # PostgreSQL hides the statistics of our recall rows too (big-scope recall then counts lexemes).
+    assert _statistics_rows(roles.uri("runtime"), cfg) == 0
     # Our recall, under the runtime role, still sees each caller's own facts and only those.
     memory = Memory(_as(roles, "runtime", cfg), use_default_embedders=False)
     assert [f["content"] for f in memory.recall("ledger-q3", caller=ALICE)["facts"]] == [FACT]
