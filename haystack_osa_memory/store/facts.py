@@ -340,6 +340,9 @@ COMMON_LEXEMES = sql.SQL(
     WHERE s.schemaname = %(schema)s AND s.tablename = 'osa_fact_terms' AND s.attname = 'term_keys'"""
 )
 COMMON_LEXEMES_TTL_S = 300.0
+#: A lexeme the statistics say this many facts hold is taken from them without counting: far enough past
+#: `RARE_LEXEME_MAX_DF` that an estimate's error cannot make a rare lexeme common.
+STATISTICS_TRUSTED_DF = 2 * RARE_LEXEME_MAX_DF
 # The facts holding the query's rarer lexemes, best first by the idf they hold (BM25 without term
 # frequency and length), at most `LEXICAL_CANDIDATES`: ranking reads each candidate with its neighbours.
 BIG_SCOPE_LEXICAL = sql.SQL(
@@ -776,9 +779,9 @@ class FactRepository:
 
     def _lexeme_counts(self, cur: psycopg.Cursor[Any], scope: dict[str, str], keys: list[int]) -> list[float]:
         """How many of the scope's facts hold each key, remembered for `SCOPE_STATS_TTL_S` seconds (queries
-        repeat lexemes): counted (BIG_SCOPE_DF) up to just past `RARE_LEXEME_MAX_DF`; past it, a common
-        lexeme's count comes from PostgreSQL's statistics (`COMMON_LEXEMES`), or, where they do not have
-        it, is counted up to `LEXEME_COUNT_CAP`."""
+        repeat lexemes): from PostgreSQL's statistics (`COMMON_LEXEMES`) when they say at least
+        `STATISTICS_TRUSTED_DF`; otherwise counted (BIG_SCOPE_DF) up to just past `RARE_LEXEME_MAX_DF`, and past
+        it from the statistics, or, where they do not have it, counted up to `LEXEME_COUNT_CAP`."""
         now = time.monotonic()
         estimates = self.lexeme_estimates
         org, assignment = scope["org_id"], scope["assignment_id"]
@@ -787,17 +790,22 @@ class FactRepository:
         missing = [k for k, v in known.items() if v is None or now - v[1] > SCOPE_STATS_TTL_S]
         counts = {k: v[0] for k, v in known.items() if v is not None and k not in missing}
         if missing:
-            cap = RARE_LEXEME_MAX_DF + 1 if estimates else LEXEME_COUNT_CAP
-            cur.execute(self._big_df, {**scope, "keys": missing, "cap": cap})
-            fresh = {k: float(r[0]) for k, r in zip(missing, cur.fetchall(), strict=True)}
-            common = [k for k, c in fresh.items() if estimates and c > RARE_LEXEME_MAX_DF]
-            if common:
-                rows = self._common_lexemes(cur, now)
+            rows = self._common_lexemes(cur, now) if estimates else {}
+            # Far past the rare bound by the statistics: not counted at all (even a count that stops early
+            # reads the lexeme's whole posting list into a bitmap first).
+            fresh = {k: rows[k] for k in missing if rows.get(k, 0.0) >= STATISTICS_TRUSTED_DF}
+            to_count = [k for k in missing if k not in fresh]
+            if to_count:
+                cap = RARE_LEXEME_MAX_DF + 1 if estimates else LEXEME_COUNT_CAP
+                cur.execute(self._big_df, {**scope, "keys": to_count, "cap": cap})
+                found = {k: float(r[0]) for k, r in zip(to_count, cur.fetchall(), strict=True)}
+                common = [k for k, c in found.items() if estimates and c > RARE_LEXEME_MAX_DF]
+                found.update({k: max(rows[k], found[k]) for k in common if k in rows})
                 counted = [k for k in common if k not in rows]
-                fresh.update({k: max(rows[k], fresh[k]) for k in common if k in rows})
                 if counted:
                     cur.execute(self._big_df, {**scope, "keys": counted, "cap": LEXEME_COUNT_CAP})
-                    fresh.update({k: float(r[0]) for k, r in zip(counted, cur.fetchall(), strict=True)})
+                    found.update({k: float(r[0]) for k, r in zip(counted, cur.fetchall(), strict=True)})
+                fresh.update(found)
             counts.update(fresh)
             with self._sizes_lock:
                 if len(self._counts) > 100_000:  # bounded, as the sizes
