@@ -468,46 +468,38 @@ def store_all(
                     bar.advance(task)
                 dia_ids[conv.caller.assignment_id] = {k: frozenset(v) for k, v in ids.items()}
                 by_content[conv.caller.assignment_id] = {}
-        seconds = time.perf_counter() - started
-        return StoredBase(
-            config=config,
-            dia_ids=dia_ids,
-            by_content=by_content,
-            seconds=seconds,
-            facts=sum(len(v) for v in dia_ids.values()),
-            embedders=(doc_embedder, text_embedder),
-        )
-    pipe: Pipeline = build_store_pipeline(config, doc_embedder)
-    pipe.warm_up()
-    entry = store_entry(pipe)
-    with progress_bar(show) as bar:
-        task = bar.add_task(f"store [{variant.name}]", total=total)
-        for conv in conversations:
-            caller = conv.caller
-            scope = {"org_id": caller.org_id, "assignment_id": caller.assignment_id}
-            ids: dict[str, set[str]] = defaultdict(set)
-            content: dict[str, set[str]] = defaultdict(set)
-            for start in range(0, len(conv.turns), batch_size):
-                batch = conv.turns[start : start + batch_size]
-                docs = [turn_document(conv.turns, t, variant.embed_context) for t in batch]
-                data: dict[str, Any] = {"mark": dict(scope)}
-                data.setdefault(entry, {})["documents"] = docs
-                result = pipe.run(data, include_outputs_from={entry} if entry != "mark" else None)
-                # The stored text is what the pipeline's first component handed on (e.g. redacted).
-                entered = result.get(entry, {}).get("documents") if entry != "mark" else None
-                texts = [d.content or "" for d in entered] if entered else [t.fact for t in batch]
-                if len(texts) != len(batch):
-                    texts = [t.fact for t in batch]
-                for text, turn in zip(texts, batch, strict=True):
-                    content[text].add(turn.dia_id)
-                # ScopeMarkerWriter collapses identical facts of a batch: ids come in first-seen order.
-                unique = list(dict.fromkeys(texts))
-                written = result["write"]["document_ids"]
-                for doc_id, text in zip(written, unique, strict=False):
-                    ids[doc_id] |= {t.dia_id for t, x in zip(batch, texts, strict=True) if x == text}
-                bar.advance(task, len(batch))
-            dia_ids[caller.assignment_id] = {k: frozenset(v) for k, v in ids.items()}
-            by_content[caller.assignment_id] = {k: frozenset(v) for k, v in content.items()}
+    else:
+        pipe: Pipeline = build_store_pipeline(config, doc_embedder)
+        pipe.warm_up()
+        entry = store_entry(pipe)
+        with progress_bar(show) as bar:
+            task = bar.add_task(f"store [{variant.name}]", total=total)
+            for conv in conversations:
+                caller = conv.caller
+                scope = {"org_id": caller.org_id, "assignment_id": caller.assignment_id}
+                ids = defaultdict(set)
+                content: dict[str, set[str]] = defaultdict(set)
+                for start in range(0, len(conv.turns), batch_size):
+                    batch = conv.turns[start : start + batch_size]
+                    docs = [turn_document(conv.turns, t, variant.embed_context) for t in batch]
+                    data: dict[str, Any] = {"mark": dict(scope)}
+                    data.setdefault(entry, {})["documents"] = docs
+                    result = pipe.run(data, include_outputs_from={entry} if entry != "mark" else None)
+                    # The stored text is what the pipeline's first component handed on (e.g. redacted).
+                    entered = result.get(entry, {}).get("documents") if entry != "mark" else None
+                    texts = [d.content or "" for d in entered] if entered else [t.fact for t in batch]
+                    if len(texts) != len(batch):
+                        texts = [t.fact for t in batch]
+                    for text, turn in zip(texts, batch, strict=True):
+                        content[text].add(turn.dia_id)
+                    # ScopeMarkerWriter collapses identical facts of a batch: ids come in first-seen order.
+                    unique = list(dict.fromkeys(texts))
+                    written = result["write"]["document_ids"]
+                    for doc_id, text in zip(written, unique, strict=False):
+                        ids[doc_id] |= {t.dia_id for t, x in zip(batch, texts, strict=True) if x == text}
+                    bar.advance(task, len(batch))
+                dia_ids[caller.assignment_id] = {k: frozenset(v) for k, v in ids.items()}
+                by_content[caller.assignment_id] = {k: frozenset(v) for k, v in content.items()}
     seconds = time.perf_counter() - started
     return StoredBase(
         config=config,

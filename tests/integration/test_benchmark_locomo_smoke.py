@@ -116,23 +116,15 @@ def tiny_locomo() -> list[dict[str, Any]]:
     return [kayak, garden]
 
 
-def test_locomo_harness_on_a_tiny_file(pg_conn_str: str, tmp_path: Path) -> None:
+def run_harness(pg_conn_str: str, tmp_path: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """The harness on the tiny file, lexical, per-question results in ``out``; it must exit 0."""
     data = tmp_path / "tiny_locomo.json"
     data.write_text(json.dumps(tiny_locomo()), encoding="utf-8")
-    out = tmp_path / "result.json"
     env = {**os.environ, "PG_CONN_STR": pg_conn_str, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
         [
-            sys.executable,
-            str(HARNESS),
-            "--data",
-            str(data),
-            "--embedder",
-            "none",
-            "--json",
-            str(out),
-            "--per-question",
-            "--no-progress",
+            *(sys.executable, str(HARNESS), "--data", str(data), "--embedder", "none", "--json", str(out)),
+            *("--per-question", "--no-progress", *extra),
         ],
         cwd=REPO,
         env=env,
@@ -142,6 +134,12 @@ def test_locomo_harness_on_a_tiny_file(pg_conn_str: str, tmp_path: Path) -> None
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def test_locomo_harness_on_a_tiny_file(pg_conn_str: str, tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    proc = run_harness(pg_conn_str, tmp_path, out)
     printed = proc.stdout
     for label in ("R@1", "R@5", "R@10", "R@20", "R@50", "MRR", "nDCG@10", "no-cat-5", "store:", "latency"):
         assert label in printed, f"{label!r} missing from the printed report:\n{printed}"
@@ -177,25 +175,10 @@ def test_locomo_harness_on_a_tiny_file(pg_conn_str: str, tmp_path: Path) -> None
 def test_storing_one_turn_per_memory_store_recalls_the_same(pg_conn_str: str, tmp_path: Path) -> None:
     """`--store-through memory` stores each turn with `Memory.store` (as `kb_memory_store` does, with the
     search for what it may replace): recall answers as after the batched store pipeline."""
-    data = tmp_path / "tiny_locomo.json"
-    data.write_text(json.dumps(tiny_locomo()), encoding="utf-8")
-    env = {**os.environ, "PG_CONN_STR": pg_conn_str, "HF_HUB_OFFLINE": "1"}
     tops = {}
     for path in ("pipeline", "memory"):
         out = tmp_path / f"{path}.json"
-        proc = subprocess.run(
-            [
-                *(sys.executable, str(HARNESS), "--data", str(data), "--embedder", "none", "--json", str(out)),
-                *("--per-question", "--no-progress", "--store-through", path),
-            ],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+        run_harness(pg_conn_str, tmp_path, out, "--store-through", path)
         (result,) = json.loads(out.read_text(encoding="utf-8"))["results"].values()
         assert result["timing"]["facts"] == 12
         tops[path] = {q["question"]: q["top"] for q in result["per_question"]}
