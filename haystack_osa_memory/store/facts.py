@@ -561,7 +561,6 @@ class FactRepository:
         self._sizes_lock = threading.Lock()
         self._governing_rows = GOVERNING_ROWS.format(**names)
         self._cosines_to = COSINES_TO.format(**names)
-        self._common_lexemes_sql = COMMON_LEXEMES
         self._write_fact = WRITE_FACT.format(
             upsert_row=self._upsert_row,
             lexeme_stats=lexeme_stats(sql.SQL("x.tsv")),
@@ -821,7 +820,7 @@ class FactRepository:
         rows, read_at = self._common
         if now - read_at <= COMMON_LEXEMES_TTL_S:
             return rows
-        row = cur.execute(self._common_lexemes_sql, {"schema": self.config.kb_schema}).fetchone()
+        row = cur.execute(COMMON_LEXEMES, {"schema": self.config.kb_schema}).fetchone()
         rows = {}
         if row is not None and row[0] is not None and row[1] is not None:
             total = max(float(row[2] or 0.0), 0.0)

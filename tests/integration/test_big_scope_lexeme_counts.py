@@ -30,7 +30,7 @@ def recall_ids(memory: Memory, caller: Caller, query: str) -> list[str]:
 
 
 def test_common_lexemes_come_from_the_statistics(
-    memory: Memory, alice: Caller, pg_conn_str: str, config: MemoryConfig, monkeypatch: pytest.MonkeyPatch
+    memory: Memory, alice: Caller, pg_conn_str: str, config: MemoryConfig
 ) -> None:
     items = [
         ImportItem(f"We deploy service svc{i:04d} {'weekly ' if i < WEEKLY else ''}on port {8000 + i}.", f"line {i}")
