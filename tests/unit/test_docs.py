@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from haystack_osa_memory.config import ENVIRONMENT
@@ -13,6 +14,18 @@ def test_every_environment_variable_is_documented() -> None:
     text = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
     missing = [name for name in ENVIRONMENT if f"`{name}`" not in text]
     assert missing == []
+
+
+def test_every_environment_variable_the_package_reads_is_documented() -> None:
+    # Beside MemoryConfig's: the ones other modules read themselves (the embedded server's, serve's own).
+    text = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+    named = {
+        m.group(1)
+        for path in (REPO / "haystack_osa_memory").rglob("*.py")
+        for m in re.finditer(r'"(OSA_MEMORY_[A-Z0-9_]+)"', path.read_text(encoding="utf-8"))
+    }
+    assert "OSA_MEMORY_PG_SHARED_BUFFERS" in named
+    assert sorted(name for name in named if f"`{name}`" not in text) == []
 
 
 def test_every_tool_is_documented_and_has_a_wrapper() -> None:
