@@ -489,7 +489,7 @@ def status(data_dir: DataDir = None, as_json: JsonFlag = False) -> None:
     """Show where the data lives, the embedder, and counts."""
     from haystack_osa_memory import __version__
     from haystack_osa_memory.embedders import resolve_embedder_choice
-    from haystack_osa_memory.store.facts import count_facts
+    from haystack_osa_memory.store.facts import buffer_fit, count_facts
     from haystack_osa_memory.store.schema import check_schema
 
     config = _config(data_dir)
@@ -497,6 +497,7 @@ def status(data_dir: DataDir = None, as_json: JsonFlag = False) -> None:
     with _or_fail():
         rls = check_schema(conn, config).row_level_security
         counts = count_facts(conn, config)
+        fit = buffer_fit(conn, config)
     data = {
         "version": __version__,
         "database": "PG_CONN_STR" if config.pg_conn_str else f"embedded ({config.data_dir})",
@@ -505,6 +506,8 @@ def status(data_dir: DataDir = None, as_json: JsonFlag = False) -> None:
         "governing_table": f"{config.kb_schema}.{config.governing_table}",
         "row_level_security": rls,
         **counts,
+        "shared_buffers": fit.shared_buffers,
+        "recall_rows_mb": round(fit.recall_rows_bytes / 2**20, 1),
     }
     if as_json:
         _emit(data, True)
@@ -513,6 +516,17 @@ def status(data_dir: DataDir = None, as_json: JsonFlag = False) -> None:
         out.print(f"{key:>18}: {value}", highlight=False)
     if not rls and config.pg_conn_str:
         err.print(f"note: {RLS_VISIBLE_WARNING}", highlight=False)
+    if not fit.fits:
+        err.print(f"note: {buffers_note(fit.recall_rows_bytes, fit.shared_buffers)}", highlight=False)
+
+
+def buffers_note(recall_rows_bytes: int, shared_buffers: str) -> str:
+    """What `status` says when the recall rows outgrow the server's shared buffers."""
+    return (
+        f"the recall rows and their indexes ({recall_rows_bytes / 2**20:.0f} MB) are bigger than shared_buffers "
+        f"({shared_buffers}): recall in big assignments reads pages from the operating system's cache "
+        "(docs/operations.md, Sizing)"
+    )
 
 
 def _operator() -> str:

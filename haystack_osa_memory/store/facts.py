@@ -1008,3 +1008,34 @@ def count_facts(conn_str: str, config: MemoryConfig) -> dict[str, int]:
         row = conn.execute(query, {"source": FACT_SOURCE}).fetchone()
     assert row is not None
     return dict(zip(("facts", "assignments", "governing_rows", "chunks"), map(int, row), strict=True))
+
+
+# The recall rows (osa_fact_terms with its indexes) beside the server's shared buffers: recall in a big
+# assignment reads its candidates' pages at random, from the operating system's cache when they do not fit
+# (docs/operations.md, "Sizing").
+RECALL_ROWS_SIZE = sql.SQL(
+    """SELECT current_setting('shared_buffers'), pg_size_bytes(current_setting('shared_buffers')),
+              coalesce(pg_total_relation_size(to_regclass(format('%%I.osa_fact_terms', %(schema)s::text))), 0)"""
+)
+
+
+@dataclass(frozen=True)
+class BufferFit:
+    """The server's ``shared_buffers`` and the size of the recall rows with their indexes, in bytes."""
+
+    shared_buffers: str
+    shared_buffers_bytes: int
+    recall_rows_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        """The recall rows fit in the shared buffers."""
+        return self.recall_rows_bytes <= self.shared_buffers_bytes
+
+
+def buffer_fit(conn_str: str, config: MemoryConfig) -> BufferFit:
+    """How the recall rows compare with the server's shared buffers (`RECALL_ROWS_SIZE`)."""
+    with transaction(conn_str, config) as conn:
+        row = conn.execute(RECALL_ROWS_SIZE, {"schema": config.kb_schema}).fetchone()
+    assert row is not None
+    return BufferFit(str(row[0]), int(row[1]), int(row[2]))

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import psycopg
 import pytest
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
+from haystack_osa_memory.cli.main import buffers_note
+from haystack_osa_memory.store.facts import BufferFit, buffer_fit
+from haystack_osa_memory.transfer import ImportItem
 from tests.conftest import new_schema_config
 
 pytestmark = pytest.mark.integration
@@ -47,3 +55,58 @@ def test_erroring(pg_conn_str: str, alice: Caller) -> None:
     status = Memory(cfg, use_default_embedders=False, init_schema=False).status(caller=alice)
     assert status["database"] == "erroring"
     assert "does not exist" in status["database_detail"]
+
+
+def test_buffer_fit_reads_shared_buffers_and_the_recall_rows_growing(
+    pg_conn_str: str, config: MemoryConfig, memory: Memory, alice: Caller
+) -> None:
+    before = buffer_fit(pg_conn_str, config)
+    with psycopg.connect(pg_conn_str) as conn:
+        row = conn.execute("SHOW shared_buffers").fetchone()
+        assert row is not None
+        setting = row[0]
+        sized = conn.execute("SELECT pg_size_bytes(current_setting('shared_buffers'))").fetchone()
+    assert before.shared_buffers == setting
+    assert sized is not None
+    assert before.shared_buffers_bytes == sized[0]
+    assert before.recall_rows_bytes > 0  # the empty table's indexes
+    memory.import_items(
+        [ImportItem(fact=f"fact {i}: the build server {i} runs job {i * 7}", origin=f"line {i}") for i in range(400)],
+        caller=alice,
+    )
+    assert buffer_fit(pg_conn_str, config).recall_rows_bytes > before.recall_rows_bytes
+
+
+def test_buffer_fit_of_a_schema_without_recall_rows_is_zero(pg_conn_str: str) -> None:
+    assert buffer_fit(pg_conn_str, new_schema_config(pg_conn_str)).recall_rows_bytes == 0
+
+
+def test_status_says_when_the_recall_rows_outgrow_shared_buffers() -> None:
+    small = BufferFit("128MB", 128 * 2**20, 431 * 2**20)
+    assert not small.fits
+    assert BufferFit("1GB", 2**30, 431 * 2**20).fits
+    note = buffers_note(small.recall_rows_bytes, small.shared_buffers)
+    assert "431 MB" in note
+    assert "(128MB)" in note
+
+
+def test_status_command_reports_shared_buffers_and_recall_rows(pg_conn_str: str, config: MemoryConfig) -> None:
+    env = {
+        **os.environ,
+        "PG_CONN_STR": pg_conn_str,
+        "OSA_MEMORY_KB_SCHEMA": config.kb_schema,
+        "OSA_MEMORY_SCHEMA": config.memory_schema,
+        "OSA_MEMORY_EMBEDDER": "none",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "haystack_osa_memory.cli", "status", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    fit = buffer_fit(pg_conn_str, config)
+    assert data["shared_buffers"] == fit.shared_buffers
+    assert data["recall_rows_mb"] == round(fit.recall_rows_bytes / 2**20, 1)
