@@ -64,6 +64,8 @@ from haystack_osa_memory.transfer import ImportItem
 console = Console(width=None if sys.stdout.isatty() else 150)  # the whole table in logs and pipes
 OSA_MEMORY = [sys.executable, "-m", "haystack_osa_memory.cli"]
 START_TIMEOUT_S = 180.0
+#: Seconds the client processes may take to start and open their sessions before a phase.
+READY_TIMEOUT_S = 300.0
 
 SUBJECTS = ["staging", "billing", "search", "ingest", "auth", "reports", "mobile", "gateway", "scheduler", "ledger"]
 THINGS = ["VPN profile", "cache bucket", "deploy window", "feature flag", "runbook", "on-call rota", "db replica"]
@@ -121,8 +123,23 @@ def percentiles(seconds: list[float]) -> dict[str, float]:
 # -- the clients (run in their own processes) ----------------------------------------------------
 
 
+async def _starting_time(start: Any) -> float:
+    """The common start, once the parent has set it (every session is open by then)."""
+    while not start.value:
+        await asyncio.sleep(0.01)
+    return float(start.value)
+
+
 async def _client(
-    url: str, token: str, assignment: int, assignments: int, phase: str, start_at: float, stop_at: float, seed: int
+    url: str,
+    token: str,
+    assignment: int,
+    assignments: int,
+    phase: str,
+    start: Any,
+    ready: Any,
+    duration: float,
+    seed: int,
 ) -> dict[str, Any]:
     rnd = random.Random(seed)
     latencies: list[float] = []
@@ -135,8 +152,13 @@ async def _client(
         streamable_http_client(url, http_client=http) as (read, write, _),
         ClientSession(read, write) as session,
     ):
-        await session.initialize()
-        await session.list_tools()  # call_tool would list them on the first call: untimed here
+        try:
+            await session.initialize()
+            await session.list_tools()  # call_tool would list them on the first call: untimed here
+        finally:
+            ready.put(1)  # also when it failed: the parent does not wait for a session that will never open
+        start_at = await _starting_time(start)
+        stop_at = start_at + duration
         await asyncio.sleep(max(0.0, start_at - time.time()))
         n = 0
         while time.time() < stop_at:
@@ -166,12 +188,13 @@ async def _client(
 
 
 def _client_process(
-    jobs: list[tuple[str, str, int]], assignments: int, phase: str, start_at: float, stop_at: float, out: Any
+    jobs: list[tuple[str, str, int]], assignments: int, phase: str, start: Any, ready: Any, duration: float, out: Any
 ) -> None:
     cpu_at_start: list[float] = []
 
     async def main() -> list[Any]:
         async def clock() -> None:  # the processes' CPU from the common start on (imports and session set-up apart)
+            start_at = await _starting_time(start)
             await asyncio.sleep(max(0.0, start_at - time.time()))
             usage = psutil.Process().cpu_times()
             cpu_at_start.append(usage.user + usage.system)
@@ -179,7 +202,7 @@ def _client_process(
         return await asyncio.gather(
             clock(),
             *(
-                _client(url, token, assignment, assignments, phase, start_at, stop_at, seed)
+                _client(url, token, assignment, assignments, phase, start, ready, duration, seed)
                 for seed, (url, token, assignment) in enumerate(jobs, start=os.getpid() * 1000)
             ),
             return_exceptions=True,
@@ -310,15 +333,21 @@ def run_phase(
     shares = [jobs[p::processes] for p in range(min(processes, clients))]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    # Sessions open during the lead time; every client starts calling at the same instant.
-    start_at = time.time() + 4.0 + clients * 0.05
-    stop_at = start_at + duration
+    ready = ctx.Queue()
+    start = ctx.Value("d", 0.0)
     procs = [
-        ctx.Process(target=_client_process, args=(share, assignments, phase, start_at, stop_at, out))
+        ctx.Process(target=_client_process, args=(share, assignments, phase, start, ready, duration, out))
         for share in shares
     ]
     for p in procs:
         p.start()
+    # Every client starts calling at the same instant, once every session is open (on a busy machine, starting
+    # the client processes and opening the sessions can take longer than any fixed lead time).
+    for _ in jobs:
+        ready.get(timeout=READY_TIMEOUT_S)
+    start_at = time.time() + 0.5
+    stop_at = start_at + duration
+    start.value = start_at
     sampler = RssSampler(pid)
     sampler.start()
     time.sleep(max(0.0, start_at - time.time()))
