@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import psycopg
 import pytest
@@ -15,6 +13,7 @@ from haystack_osa_memory.cli.main import buffers_note
 from haystack_osa_memory.store.facts import BufferFit, buffer_fit
 from haystack_osa_memory.transfer import ImportItem
 from tests.conftest import new_schema_config
+from tests.e2e.conftest import OSA_MEMORY, env_for
 
 pytestmark = pytest.mark.integration
 
@@ -91,16 +90,9 @@ def test_status_says_when_the_recall_rows_outgrow_shared_buffers() -> None:
 
 
 def test_status_command_reports_shared_buffers_and_recall_rows(pg_conn_str: str, config: MemoryConfig) -> None:
-    env = {
-        **os.environ,
-        "PG_CONN_STR": pg_conn_str,
-        "OSA_MEMORY_KB_SCHEMA": config.kb_schema,
-        "OSA_MEMORY_SCHEMA": config.memory_schema,
-        "OSA_MEMORY_EMBEDDER": "none",
-    }
     done = subprocess.run(
-        [sys.executable, "-m", "haystack_osa_memory.cli", "status", "--json"],
-        env=env,
+        [*OSA_MEMORY, "status", "--json"],
+        env=env_for(config, pg_conn_str),
         capture_output=True,
         text=True,
         timeout=120,
