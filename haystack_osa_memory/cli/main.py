@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
 import typer
 from rich.console import Console
@@ -20,6 +20,9 @@ from rich.table import Table
 from haystack_osa_memory.caller import Caller
 from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.errors import OsaMemoryError
+
+if TYPE_CHECKING:  # the store is imported by the commands that use it (start-up time)
+    from haystack_osa_memory.store.facts import BufferFit
 
 app = typer.Typer(
     name="osa-memory",
@@ -517,14 +520,14 @@ def status(data_dir: DataDir = None, as_json: JsonFlag = False) -> None:
     if not rls and config.pg_conn_str:
         err.print(f"note: {RLS_VISIBLE_WARNING}", highlight=False)
     if not fit.fits:
-        err.print(f"note: {buffers_note(fit.recall_rows_bytes, fit.shared_buffers)}", highlight=False)
+        err.print(f"note: {buffers_note(fit)}", highlight=False)
 
 
-def buffers_note(recall_rows_bytes: int, shared_buffers: str) -> str:
+def buffers_note(fit: BufferFit) -> str:
     """What `status` says when the recall rows outgrow the server's shared buffers."""
     return (
-        f"the recall rows and their indexes ({recall_rows_bytes / 2**20:.0f} MB) are bigger than shared_buffers "
-        f"({shared_buffers}): recall in big assignments reads pages from the operating system's cache "
+        f"the recall rows and their indexes ({fit.recall_rows_bytes / 2**20:.0f} MB) are bigger than shared_buffers "
+        f"({fit.shared_buffers}): recall in big assignments reads pages from the operating system's cache "
         "(docs/operations.md, Sizing)"
     )
 

@@ -84,7 +84,7 @@ def test_status_says_when_the_recall_rows_outgrow_shared_buffers() -> None:
     small = BufferFit("128MB", 128 * 2**20, 431 * 2**20)
     assert not small.fits
     assert BufferFit("1GB", 2**30, 431 * 2**20).fits
-    note = buffers_note(small.recall_rows_bytes, small.shared_buffers)
+    note = buffers_note(small)
     assert "431 MB" in note
     assert "(128MB)" in note
 
