@@ -307,6 +307,11 @@ SCOPE_STATS_TTL_S = 30.0
 #: A lexeme held by more facts than this is "common": it still counts in ranking the candidates, but
 #: does not bring candidates of its own (its idf is low, and its facts would be thousands).
 RARE_LEXEME_MAX_DF = 400
+#: The rare lexemes bring candidates rarest first, until the facts holding them pass this many (the rarest
+#: always does): `BIG_SCOPE_LEXICAL` reads every holder of the lexemes it is given to rank them, and in a
+#: scope of a few thousand facts a query's "rare" lexemes (held by up to `RARE_LEXEME_MAX_DF` facts each)
+#: can have thousands of holders (measured in benchmarks/README.md, "Where the threshold sits").
+LEXICAL_POSTINGS_MAX = 500
 #: Rows read each way from a candidate beyond the 2w neighbours it needs: facts flagged, retired or changed
 #: among them are skipped; past this many such facts near a candidate, the farthest neighbour is missed
 #: (it only lends context to the candidate's outermost scored neighbour). One, not two: ~13% fewer rows
@@ -493,6 +498,17 @@ class Candidate:
 Vector = Sequence[float] | npt.NDArray[np.float32]
 #: When the facts must hold (`VALID_AT`): a time, ``"now"`` (PostgreSQL's transaction time) or ``None`` (any time).
 ValidAt = datetime | Literal["now"] | None
+
+
+def postings_prefix(counts: Sequence[float], budget: float) -> int:
+    """How many of ``counts`` (facts holding each lexeme, rarest first) bring candidates: the longest prefix
+    whose sum stays within ``budget``, and at least the first (0 when there is none)."""
+    total = 0.0
+    for n, count in enumerate(counts):
+        total += count
+        if n and total > budget:
+            return n
+    return len(counts)
 
 
 def vector_literal(embedding: Vector | None) -> str | None:
@@ -846,7 +862,10 @@ class FactRepository:
         # An estimate from the statistics may exceed the scope's size (read at another time): never more facts
         # than the scope has, or BM25's idf would turn negative.
         df = [min(d, float(size.facts)) for d in self._lexeme_counts(cur, scope, keys)]
-        rare = [(k, d) for k, d in zip(keys, df, strict=True) if 0 < d <= RARE_LEXEME_MAX_DF]
+        rare = sorted(
+            ((k, d) for k, d in zip(keys, df, strict=True) if 0 < d <= RARE_LEXEME_MAX_DF), key=lambda kd: kd[1]
+        )
+        rare = rare[: postings_prefix([d for _, d in rare], LEXICAL_POSTINGS_MAX)]
         seqs: set[int] = set()
         if rare:
             lexical = {
