@@ -1054,7 +1054,7 @@ class BufferFit:
 
 def buffer_fit(conn_str: str, config: MemoryConfig) -> BufferFit:
     """How the recall rows compare with the server's shared buffers (`RECALL_ROWS_SIZE`)."""
-    with transaction(conn_str, config) as conn:
+    with read(conn_str, config) as conn:  # one statement: no BEGIN / COMMIT round trips
         row = conn.execute(RECALL_ROWS_SIZE, {"schema": config.kb_schema}).fetchone()
     assert row is not None
     return BufferFit(str(row[0]), int(row[1]), int(row[2]))

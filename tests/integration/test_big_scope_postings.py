@@ -59,7 +59,6 @@ def test_rarer_lexemes_bring_candidates_within_the_budget(
     monkeypatch.setattr(facts_module, "LEXICAL_POSTINGS_MAX", 10)
     budgeted = recall()
     assert given[-1] == [zanzibar]  # 22 holders would pass 10: only the rarest
-    # The fact holding both words comes first either way: "mango" still weighs in the ranking.
     # The two facts from zanzibar come first either way: fewer candidates, the same best answers.
     zanzibar_ids = {ids[i] for i in ZANZIBAR}
     assert set(everything[:2]) == set(budgeted[:2]) == zanzibar_ids
