@@ -108,8 +108,8 @@ means the default sizes below N, then N), instead of the design comparison:
   paraphrase (the same person, ticket code, system and aspect in other words) through ``Memory.recall``
   (top ``--k``, default 8) in process, **query embedding included** (``MiniLMTextEmbedder``, the configured
   query precision, int8 by default). Every query runs on three paths back to back (the order alternates), on
-  a fresh ``Memory``: the big path; the big path with every common lexeme counted rather than read from
-  PostgreSQL's statistics (``FactRepository.lexeme_estimates = False``, the previous version, "counted"); the
+  a fresh ``Memory``: the scope held in memory and ranked exactly (``FactRepository.scope_cache``, "held"; a
+  scope bigger than the cache takes the big path there too); the big path (indexes, cache off); the
   exact path. The big paths with ``exact_scope_max`` = ``--exact-scope-max`` (default
   the product's ``EXACT_SCOPE_MAX``), or 0 where the scope is not bigger than that (the row says
   "forced"), and the exact path with ``exact_scope_max`` = 10^9, set on the ``FactRepository`` that recall
@@ -1287,8 +1287,8 @@ class Bench:
 BIG_DEFAULT_SIZES = (1_000, 10_000, 100_000)
 #: ``FactRepository.exact_scope_max`` that makes every scope take the exact path.
 FORCE_EXACT = 10**9
-#: The big-scope path, the same with every common lexeme counted (no statistics: the previous version), exact.
-BIG_SIDES = ("big", "counted", "exact")
+#: The scope held in memory (big path when it does not fit), the big path with the cache off, the exact path.
+BIG_SIDES = ("held", "big", "exact")
 #: Targets of the big-scope run.
 BIG_P95_MS_AT_100K = 50.0
 BIG_OWN_TEXT_MIN = 0.99
@@ -1535,9 +1535,12 @@ class BigScopeBench(Bench):
         rows = self.recall_rows()
         with repo.reading() as conn:
             seen = repo.scope_size(self.callers[0].org_id, self.callers[0].assignment_id, conn=conn).facts
-        product_path = "big" if seen > configured else "exact"
+        cache = repo.scope_cache
+        fits = cache is not None and seen <= cache.max_facts
+        product_path = ("held" if fits else "big") if seen > configured else "exact"
         big_threshold = configured if seen > configured else 0
-        thresholds = {"big": big_threshold, "counted": big_threshold, "exact": FORCE_EXACT}
+        thresholds = {"held": big_threshold, "big": big_threshold, "exact": FORCE_EXACT}
+        caches = {"held": cache, "big": None, "exact": cache}
         caller = self.callers[0]
         sample = random.Random(p.seed * 1_000_003 + size).sample(range(size), min(p.queries, size))
         queries = [(self.facts[i], kind) for kind in KINDS for i in sample]
@@ -1545,16 +1548,14 @@ class BigScopeBench(Bench):
         embed_seconds = []
         for fact, kind in queries[: min(3, len(queries))]:  # warm-up, unmeasured
             for side in BIG_SIDES:
-                repo.exact_scope_max = thresholds[side]
-                repo.lexeme_estimates = side != "counted"
+                repo.exact_scope_max, repo.scope_cache = thresholds[side], caches[side]
                 memory.recall(fact.query(kind), limit=p.k, caller=caller)
         try:
             with ProgressLog(f"recall at {size:,} facts (big and exact)", len(queries)) as bar:
                 for n, (fact, kind) in enumerate(queries):
                     text = fact.query(kind)
                     for side in BIG_SIDES if n % 2 == 0 else BIG_SIDES[::-1]:
-                        repo.exact_scope_max = thresholds[side]
-                        repo.lexeme_estimates = side != "counted"
+                        repo.exact_scope_max, repo.scope_cache = thresholds[side], caches[side]
                         t0 = time.perf_counter()
                         answer = memory.recall(text, limit=p.k, caller=caller)
                         elapsed = time.perf_counter() - t0
@@ -1569,13 +1570,13 @@ class BigScopeBench(Bench):
                     embed_seconds.append(time.perf_counter() - t0)
                     bar.advance(1)
         finally:
-            repo.exact_scope_max = configured
-            repo.lexeme_estimates = True
+            repo.exact_scope_max, repo.scope_cache = configured, cache
         per_kind = len(sample)
         paths = {
             side: {
                 "exact_scope_max": thresholds[side],
-                "forced": (side == "exact") != (product_path == "exact"),
+                "forced": (side == "exact") != (product_path == "exact") or (side == "big" and fits),
+                "held": side == "held" and fits and thresholds[side] < seen,
                 "latency_ms": percentiles(run.seconds),
                 "own_hit": round(run.hits["own"] / per_kind, 4),
                 "para_hit": round(run.hits["para"] / per_kind, 4),
@@ -1600,6 +1601,12 @@ class BigScopeBench(Bench):
                 for i, kind in enumerate(KINDS)
             },
         }
+        held_top = runs["held"].top
+        held_same = [set(h) == set(e) for h, e in zip(held_top, exact, strict=True)]
+        held_agreement = {
+            "identical_top_k_share": round(float(np.mean(held_same)), 4),
+            "identical_order_share": round(float(np.mean([h == e for h, e in zip(held_top, exact, strict=True)])), 4),
+        }
         lat_big, lat_exact = paths["big"]["latency_ms"], paths["exact"]["latency_ms"]
         return {
             "facts": size,
@@ -1611,6 +1618,8 @@ class BigScopeBench(Bench):
             "sampled_facts": per_kind,
             "paths": paths,
             "agreement": agreement,
+            "held_agreement": held_agreement,
+            "scope_cache_facts": cache.max_facts if cache is not None else 0,
             "speedup": {q: round(lat_exact[q] / lat_big[q], 2) for q in ("p50", "p95")},
             "query_embedding_ms": percentiles(embed_seconds),
             "relation_sizes_mib": self.relation_sizes(),
@@ -1735,7 +1744,8 @@ def print_big_size(s: dict[str, Any], k: int) -> None:
             str(path["degraded"]),
             ("forced" if path["forced"] else "product default")
             + f", exact_scope_max {path['exact_scope_max']:,}"
-            + (", common lexemes counted, not read from statistics" if side == "counted" else ""),
+            + (", held in memory" if side == "held" and path.get("held") else "")
+            + (", not held (bigger than the cache): the big path" if side == "held" and not path.get("held") else ""),
         )
     console.print(table)
     q = s["query_embedding_ms"]
@@ -1780,7 +1790,8 @@ def print_big_report(r: Report) -> None:
         "facts",
         "product path",
         "big p50 / p95 ms",
-        "big, lexemes counted p50 / p95 ms",
+        "held p50 / p95 ms",
+        f"held: same top {p['k']}",
         "exact p50 / p95 ms",
         "speed-up p50 / p95",
         f"same top {p['k']}",
@@ -1790,12 +1801,14 @@ def print_big_report(r: Report) -> None:
     ):
         table.add_column(col, justify="right")
     for s in b["sizes"]:
-        big, counted, exact = s["paths"]["big"], s["paths"]["counted"], s["paths"]["exact"]
+        big, held, exact = s["paths"]["big"], s["paths"]["held"], s["paths"]["exact"]
         table.add_row(
             f"{s['facts']:,}",
             s["product_path"],
             f"{big['latency_ms']['p50']:.1f} / {big['latency_ms']['p95']:.1f}" + (" (forced)" if big["forced"] else ""),
-            f"{counted['latency_ms']['p50']:.1f} / {counted['latency_ms']['p95']:.1f}",
+            f"{held['latency_ms']['p50']:.1f} / {held['latency_ms']['p95']:.1f}"
+            + ("" if held.get("held") else " (big)"),
+            f"{s['held_agreement']['identical_top_k_share']:.1%}",
             f"{exact['latency_ms']['p50']:.1f} / {exact['latency_ms']['p95']:.1f}",
             f"{s['speedup']['p50']:.2f}x / {s['speedup']['p95']:.2f}x",
             f"{s['agreement']['identical_top_k_share']:.1%}",

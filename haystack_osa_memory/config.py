@@ -37,6 +37,7 @@ ENVIRONMENT: dict[str, str] = {
     "OSA_MEMORY_BUFFER": "buffer_path",
     "OSA_MEMORY_OFFLINE_GRACE": "offline_grace",
     "OSA_MEMORY_REDACTION_OFF": "redaction_off",
+    "OSA_MEMORY_SCOPE_CACHE_FACTS": "scope_cache_facts",
 }
 
 
@@ -82,6 +83,8 @@ class MemoryConfig(BaseModel):
     buffer_path: Path | None = None
     offline_grace: float = Field(default=900.0, ge=0, le=86400)
     redaction_off: tuple[str, ...] = ()
+    #: Facts of big assignments held in memory per process for exact ranking (`store.scope_cache`); 0: none.
+    scope_cache_facts: int = Field(default=50_000, ge=0, le=10_000_000)
 
     @field_validator("redaction_off", mode="before")
     @classmethod

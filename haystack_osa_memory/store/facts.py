@@ -29,6 +29,8 @@ from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.errors import DatabaseError, SupersessionError
 from haystack_osa_memory.store.database import fact_scope, read, transaction
 from haystack_osa_memory.store.ranking import TERM_BITS, TERM_CODE, RankingParams, ScopeStats, rank_scope
+from haystack_osa_memory.store.scope_cache import ScopeCache
+from haystack_osa_memory.store.scope_cache import Statements as CacheStatements
 from haystack_osa_memory.tools import SUPERSEDABLE_STATUSES, SUPERSEDED
 
 FACT_SOURCE = "agent_fact"
@@ -569,6 +571,12 @@ class FactRepository:
         )
         #: Scopes with more recall rows than this take the big-scope path (candidates from indexes).
         self.exact_scope_max = EXACT_SCOPE_MAX
+        #: Scopes past `exact_scope_max` and within the cache are ranked exactly from memory (`scope_cache`).
+        self.scope_cache = (
+            ScopeCache(config.scope_cache_facts, config.embedding_dimension) if config.scope_cache_facts else None
+        )
+        self._cache_statements = CacheStatements.compose(names, VALID_AT)
+        self._held_check, self._held_rows = self._cache_statements.check, self._cache_statements.rows_after
         self._sizes: dict[tuple[str, str], ScopeSize] = {}
         self._counts: dict[tuple[str, str, int, bool], tuple[float, float]] = {}
         #: Read the common lexemes' counts from PostgreSQL's statistics (`COMMON_LEXEMES`) instead of counting.
@@ -764,6 +772,12 @@ class FactRepository:
                 params["lexemes"] = [*params["lexemes"], *boost.lexemes]  # the fallback packs only these
             size = self.scope_size(org_id, assignment_id, conn=c)
             if size.facts > self.exact_scope_max:
+                if self.scope_cache is not None and size.facts <= self.scope_cache.max_facts and not history:
+                    held = self._held_scope_hits(
+                        cur, params, query_terms, embedding, ranking, valid_at, audiences, boost_terms
+                    )
+                    if held is not None:
+                        return held
                 return self._big_scope_hits(
                     cur, params, query_terms, size, ranking, embedding is not None, boost_terms=boost_terms
                 )
@@ -843,6 +857,37 @@ class FactRepository:
             rows = {int(k): float(f) * total for k, f in zip(row[0], row[1], strict=False)}
         self._common = (rows, now)
         return rows
+
+    def _held_scope_hits(
+        self,
+        cur: psycopg.Cursor[Any],
+        params: dict[str, Any],
+        query_terms: Sequence[int],
+        embedding: Vector | None,
+        ranking: RankingParams,
+        valid_at: ValidAt,
+        audiences: Sequence[str],
+        boost_terms: Sequence[int],
+    ) -> list[ScopeHit] | None:
+        """The exact ranking of a scope held in memory (`scope_cache`); None when it is not held (bigger
+        than the cache). Only recall of the facts valid now, with the admitted statuses and the facts'
+        audience, is served from memory."""
+        if self.scope_cache is None or not self._held_kind(audiences, params["statuses"], valid_at, False):
+            return None
+        with self.scope_cache.use(cur, self._cache_statements, params) as held:
+            if held is None:
+                return None
+            return [
+                ScopeHit(held.document_ids[i], held.document_ids[i], held.expires[i], lr, ls, vr, vs, fused, i + 1)
+                for i, lr, ls, vr, vs, fused in held.rank(embedding, query_terms, ranking, boost_terms)
+            ]
+
+    def _held_kind(
+        self, audiences: Sequence[str], statuses: Sequence[str] | None, valid_at: ValidAt, history: bool
+    ) -> bool:
+        """A recall the held scopes answer: the facts' audience, the admitted statuses, valid now."""
+        admitted = list(statuses or self.config.admitted_statuses) == list(self.config.admitted_statuses)
+        return admitted and list(audiences) == [FACT_AUDIENCE] and valid_at == "now" and not history
 
     def _big_scope_hits(
         self,
@@ -934,6 +979,14 @@ class FactRepository:
         }
         with self._reading(conn) as c:
             details = {row[0]: row[1:] for row in c.execute(self._scope_facts, params).fetchall()}
+        if (
+            len(details) < len(hits)
+            and self.scope_cache is not None
+            and self._held_kind(audiences, statuses, valid_at, history)
+        ):
+            # Left the scope by a change of its governing row alone (superseded, retired, no longer valid),
+            # which the held scope's check cannot see: it is ranked without them from now on.
+            self.scope_cache.drop_facts((org_id, assignment_id), {h.document_id for h in hits} - set(details))
         found = []
         for h in hits:
             detail = details.get(h.document_id)

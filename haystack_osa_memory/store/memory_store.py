@@ -32,6 +32,7 @@ STORE_FIELDS = (
     "pool_timeout",
     "admitted_statuses",
     "redaction_off",
+    "scope_cache_facts",
 )
 
 
@@ -62,6 +63,7 @@ class MemoryStore:
         pool_timeout: float = 5.0,
         admitted_statuses: list[str] | None = None,
         redaction_off: list[str] | None = None,
+        scope_cache_facts: int = 50_000,
     ) -> None:
         """
         :param connection_string: PostgreSQL connection string (a secret, resolved on first use).
@@ -76,6 +78,8 @@ class MemoryStore:
         :param admitted_statuses: Statuses recall and the ACL admit (default `["approved"]`).
         :param redaction_off: Redaction classes left alone in the free text the store writes (reasons,
             notes); default none.
+        :param scope_cache_facts: Facts of big assignments held in memory per process, ranked exactly from
+            there (`haystack_osa_memory.store.scope_cache`); 0 holds none.
         :raises ConfigurationError: a name or value is not allowed (checked here, not at first query).
         """
         self.connection_string = connection_string
@@ -89,6 +93,7 @@ class MemoryStore:
         self.pool_timeout = pool_timeout
         self.admitted_statuses = list(admitted_statuses) if admitted_statuses is not None else ["approved"]
         self.redaction_off = list(redaction_off or [])
+        self.scope_cache_facts = scope_cache_facts
         try:
             self.config = MemoryConfig(**{name: getattr(self, name) for name in STORE_FIELDS})
         except ValueError as e:

@@ -69,15 +69,18 @@ def test_facts_are_written_through_the_product_writer(run: tuple[dict[str, Any],
 def test_both_paths_find_facts_by_their_own_text(run: tuple[dict[str, Any], str]) -> None:
     report, _ = run
     (size,) = report["big_scope"]["sizes"]
-    assert size["product_path"] == "big"
+    assert size["product_path"] == "held"  # past exact_scope_max, within the cache: held in memory
     assert size["exact_scope_max"] == EXACT_SCOPE_MAX
     assert size["queries"] == 2 * QUERIES
     assert size["sampled_facts"] == QUERIES
-    big, exact = size["paths"]["big"], size["paths"]["exact"]
-    assert (big["exact_scope_max"], big["forced"]) == (EXACT_SCOPE_MAX, False)
+    held, big, exact = size["paths"]["held"], size["paths"]["big"], size["paths"]["exact"]
+    assert (held["exact_scope_max"], held["forced"], held["held"]) == (EXACT_SCOPE_MAX, False, True)
+    assert (big["exact_scope_max"], big["forced"], big["held"]) == (EXACT_SCOPE_MAX, True, False)
     assert exact["forced"] is True
     assert exact["exact_scope_max"] > SIZE
-    for name, path in (("big", big), ("exact", exact)):
+    # Held in memory, the scope is ranked exactly: the same top k as the exact path for every query.
+    assert size["held_agreement"] == {"identical_top_k_share": 1.0, "identical_order_share": 1.0}
+    for name, path in (("held", held), ("big", big), ("exact", exact)):
         assert path["own_hit"] >= 0.9, (name, path)
         assert 0.0 <= path["para_hit"] <= 1.0, (name, path)
         assert path["degraded"] == 0, (name, path)

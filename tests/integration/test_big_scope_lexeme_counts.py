@@ -41,6 +41,7 @@ def test_common_lexemes_come_from_the_statistics(
     assert memory.kb is not None
     repo = memory.kb.facts
     repo.exact_scope_max = 100  # this scope takes the big-scope path
+    repo.scope_cache = None  # (not the scope held in memory)
     caps: list[tuple[int, int]] = []
     fresh = facts_module.FactRepository(repo.conn_str, repo.config)  # no counts remembered yet
     big_df = fresh._big_df
@@ -73,4 +74,5 @@ def test_common_lexemes_come_from_the_statistics(
     fresh_memory.warm_up()
     assert fresh_memory.kb is not None
     fresh_memory.kb.facts.exact_scope_max = 100
+    fresh_memory.kb.facts.scope_cache = None
     assert recall_ids(fresh_memory, alice, query) == counted

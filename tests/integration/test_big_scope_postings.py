@@ -34,6 +34,7 @@ def test_rarer_lexemes_bring_candidates_within_the_budget(
     assert memory.kb is not None
     repo = memory.kb.facts
     repo.exact_scope_max = 0  # this scope takes the big-scope path
+    repo.scope_cache = None  # (not the scope held in memory)
     repo._sizes.clear()  # the stores' suggestion searches remembered the scope when it held one fact
     lexical = repo._big_lexical
     given: list[list[int]] = []

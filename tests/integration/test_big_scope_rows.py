@@ -47,6 +47,7 @@ def test_candidates_are_read_with_their_admitted_neighbours_once(
 
     monkeypatch.setattr(repo, "_big_scope_hits", counting)
     repo.exact_scope_max = 0  # this scope now takes the big-scope path
+    repo.scope_cache = None  # (not the scope held in memory)
     big = recall_ids(memory, alice)
     assert len(big_calls) == 1
     assert big_calls[0] > 0

@@ -587,13 +587,20 @@ def run_operations(cfg: MemoryConfig, orgs: tuple[str, str]) -> None:
     hybrid = Memory(
         cfg, document_embedder=MockDocumentEmbedder(dimension=dim), text_embedder=MockTextEmbedder(dimension=dim)
     )
-    # Recall of a scope past `exact_scope_max` facts takes its candidates from indexes: every scope does here.
+    # Recall of a scope past `exact_scope_max` facts takes its candidates from indexes (scopes too big to be held
+    # in memory), or ranks the scope held in memory: every scope does one or the other here.
     big = Memory(
         cfg, document_embedder=MockDocumentEmbedder(dimension=dim), text_embedder=MockTextEmbedder(dimension=dim)
     )
-    big.warm_up()
+    held = Memory(
+        cfg, document_embedder=MockDocumentEmbedder(dimension=dim), text_embedder=MockTextEmbedder(dimension=dim)
+    )
+    for memory in (big, held):
+        memory.warm_up()
+        assert memory.kb is not None
+        memory.kb.facts.exact_scope_max = 0
     assert big.kb is not None
-    big.kb.facts.exact_scope_max = 0
+    big.kb.facts.scope_cache = None
     lexical.warm_up()
     assert lexical.kb is not None
     assert lexical.lifecycle is not None
@@ -609,6 +616,9 @@ def run_operations(cfg: MemoryConfig, orgs: tuple[str, str]) -> None:
         lexical.recall("invoices month", caller=me)
         assert hybrid.recall("how do I deploy to staging?", caller=me)["facts"]
         assert big.recall("staging VPN", caller=me)["facts"]
+        assert held.recall("staging VPN", caller=me)["facts"]  # the scope read in full
+        held.store("The staging VPN profile rotates every quarter.", caller=me)
+        assert held.recall("staging VPN", caller=me)["facts"]  # the new fact appended
         # A lexeme held by more than a few facts is "common": its count is read from PostgreSQL's statistics.
         rare_max, facts_module.RARE_LEXEME_MAX_DF = facts_module.RARE_LEXEME_MAX_DF, 0
         try:

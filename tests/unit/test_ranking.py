@@ -10,7 +10,16 @@ import random
 import numpy as np
 import pytest
 
-from haystack_osa_memory.store.ranking import TERM_CODE, RankedFact, RankingParams, rank_scope, term_counts
+from haystack_osa_memory.store.ranking import (
+    TERM_CODE,
+    PackedTerms,
+    RankedFact,
+    RankingParams,
+    _rank_of,
+    _within,
+    rank_scope,
+    term_counts,
+)
 
 Row = tuple[float, float, list[int] | None, list[int] | None]
 
@@ -204,6 +213,47 @@ def test_term_counts_match_a_loop(seed: int) -> None:
     assert got.shape == (30, len(query))
     for i, held in enumerate(counts):
         assert list(got[i]) == [float(held.get(h, 0)) for h in query]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_packed_terms_indexed_extended_and_taken_count_as_fresh_ones(seed: int) -> None:
+    """A held scope's lexemes (`PackedTerms`): sorted once (`index`), grown (`extend`) and thinned (`take`),
+    they count each query term as lexemes packed afresh from the same facts do."""
+    rnd = random.Random(seed)
+    query = [rnd.getrandbits(48) for _ in range(rnd.randint(1, 6))]
+    others = [rnd.getrandbits(48) for _ in range(20)]
+
+    def blob() -> bytes | None:
+        held = rnd.sample(query + others, rnd.randint(0, 8))
+        return b"".join((h * TERM_CODE + rnd.randint(1, 256)).to_bytes(8, "big") for h in held) or None
+
+    first, more = [blob() for _ in range(25)], [blob() for _ in range(7)]
+    grown = PackedTerms(first).index().extend(PackedTerms(more)).index()
+    assert (grown.counts(query) == term_counts(first + more, query)).all()
+    keep = np.array([rnd.random() < 0.6 for _ in range(32)])
+    kept = grown.take(keep).index()
+    assert len(kept) == int(keep.sum())
+    assert (kept.counts(query) == term_counts([b for b, k in zip(first + more, keep, strict=True) if k], query)).all()
+    assert (PackedTerms(first).counts(query) == PackedTerms(first).index().counts(query)).all()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_partitioned_ranks_are_the_sorted_ones(seed: int) -> None:
+    """`_within` (a partition) and `_rank_of` (binary search) give what a full sort gives: ranks by value
+    descending, ties by position, among eligible rows only; many ties (values from a few levels)."""
+    rnd = np.random.default_rng(seed)
+    n = int(rnd.integers(1, 200))
+    values = rnd.integers(0, 6, n).astype(np.float64)
+    eligible = rnd.random(n) < 0.8
+    values[~eligible] = np.nan
+    idx = np.flatnonzero(eligible)
+    order = idx[np.lexsort((idx, -values[idx]))]
+    full = np.zeros(n, dtype=np.int64)
+    full[order] = np.arange(1, order.shape[0] + 1)
+    rows = np.arange(n)
+    assert (_rank_of(values, eligible, rows) == full).all()
+    for k in (1, 3, 10, n):
+        assert (_within(values, eligible, k) == (eligible & (full >= 1) & (full <= k))).all()
 
 
 def test_a_repeated_query_hash_counts_once() -> None:

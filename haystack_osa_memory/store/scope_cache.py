@@ -1,0 +1,291 @@
+"""A big assignment's recall rows held in process memory, kept current by a cheap check per recall.
+
+Between `facts.EXACT_SCOPE_MAX` and `MemoryConfig.scope_cache_facts` facts, recall ranks the whole
+scope exactly (as the exact path does) from rows read once and kept: each fact's normalised vector,
+length and unpacked lexemes, in storing order. Reading them costs a few hundred milliseconds at
+10,000 facts; ranking them in numpy, a few. Every recall first reads the count, sum and maximum of
+the scope's recall rows' ``seq`` (`SCOPE_CHECK`, one index-only scan of the index the big path walks):
+
+- unchanged: the rows held are current;
+- only rows past the highest ``seq`` held were added (the rows up to it are as many, with the same
+  sum): those rows are read and appended (`SCOPE_ROWS_AFTER`);
+- anything else (a fact forgotten, a row committed late with a lower ``seq``): the scope is read again.
+
+What the check cannot see is a change of the governing row alone (a fact superseded, retired or
+flagged; its validity ending). The facts recall returns are fetched with their governing rows checked
+again (`FactRepository.candidates`, fail closed): one that left the scope is not returned, and is
+dropped from memory, so later recalls rank without it. A fact admitted again by a change of its
+governing row alone is seen when the scope is next read in full: at least every `FULL_READ_S`
+seconds. The scope is a condition of every statement, and held scopes are keyed by org and
+assignment: nothing read for one scope can rank in another.
+
+Usage:
+```python
+cache = ScopeCache(max_facts=50_000, dimension=384)
+with cache.use(cursor, statements, scope_params) as held:   # None: not held (too big for the cache)
+    ranked = held.rank(query_embedding, query_terms, ranking) if held is not None else None
+```
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import psycopg
+from psycopg import sql
+
+from haystack_osa_memory.store.ranking import PackedTerms, RankedFact, RankingParams, rank_scope
+
+#: Seconds after which a held scope is read again in full (changes of governing rows alone show then).
+FULL_READ_S = 30.0
+
+SCOPE_CHECK = sql.SQL(
+    """SELECT count(*) AS count, coalesce(sum(t.seq), 0)::numeric AS sum, coalesce(max(t.seq), 0) AS max
+    FROM {schema}.osa_fact_terms t
+    WHERE t.org_id = %(org_id)s AND t.assignment_id = %(assignment_id)s"""
+)
+# The admitted facts' recall rows past a seq, in storing order, with the check's figures and the count
+# and sum of every recall row past that seq (admitted or not), all from one snapshot: an append is valid
+# when the rows up to the seq are still those held (count and sum unchanged). The governing row is probed
+# per row by primary key, as in BIG_SCOPE_ROWS. Vectors travel in pgvector's binary form (``vector_send``:
+# a 2-byte dimension, 2 unused bytes, then big-endian float4s).
+SCOPE_ROWS_AFTER = sql.SQL(
+    """WITH c AS MATERIALIZED ({check}),
+a AS MATERIALIZED (
+    SELECT count(*) AS count, coalesce(sum(t.seq), 0)::numeric AS sum FROM {schema}.osa_fact_terms t
+    WHERE t.org_id = %(org_id)s AND t.assignment_id = %(assignment_id)s AND t.seq > %(after)s
+)
+SELECT c.count, c.sum, c.max, a.count, a.sum, r.id, r.expires_at, r.seq, r.vec, r.dl, r.terms
+FROM c, a LEFT JOIN LATERAL (
+    SELECT g.id, g.expires_at, t.seq, vector_send(t.embedding) AS vec, t.dl::float8 AS dl, t.terms
+    FROM {schema}.osa_fact_terms t,
+        LATERAL (SELECT g.id, g.metadata->>'expires_at' AS expires_at FROM {schema}.{gov} g
+                 WHERE g.id = t.document_id AND g.content_hash = t.content_hash
+                   AND g.org_id = %(org_id)s AND g.audience = ANY(%(audiences)s) AND g.status = ANY(%(statuses)s)
+                   AND g.metadata->>'assignment_id' = %(assignment_id)s AND {valid_at}
+                 OFFSET 0) g
+    WHERE t.org_id = %(org_id)s AND t.assignment_id = %(assignment_id)s AND t.seq > %(after)s
+      AND t.language = %(language)s::text AND t.terms IS NOT NULL
+    ORDER BY t.seq
+) r ON true"""
+)
+
+
+@dataclass(frozen=True)
+class Statements:
+    """The cache's statements for one configuration (composed once by the repository)."""
+
+    check: sql.Composed
+    rows_after: sql.Composed
+
+    @classmethod
+    def compose(cls, names: dict[str, sql.Identifier], valid_at: sql.Composable) -> Statements:
+        check = SCOPE_CHECK.format(**names)
+        return cls(
+            check=check,
+            rows_after=SCOPE_ROWS_AFTER.format(check=check, valid_at=valid_at, **names),
+        )
+
+
+@dataclass(frozen=True)
+class Check:
+    """The scope's recall rows as `SCOPE_CHECK` saw them."""
+
+    count: int
+    seq_sum: int
+    seq_max: int
+
+
+class HeldScope:
+    """One scope's admitted recall rows, in storing order, and the check they were read at. Not
+    thread-safe by itself: `ScopeCache` hands it out under the scope's lock."""
+
+    def __init__(self, dimension: int) -> None:
+        self.dimension = dimension
+        self.document_ids: list[str] = []
+        self.expires: list[str | None] = []
+        self._unit: npt.NDArray[np.float32] = np.zeros((0, dimension), dtype=np.float32)  # grows by doubling
+        self.has_vec: npt.NDArray[np.bool_] = np.zeros(0, dtype=bool)
+        self.dl: npt.NDArray[np.float64] = np.zeros(0, dtype=np.float64)
+        self.terms = PackedTerms([])
+        self.check = Check(0, 0, 0)
+        self.read_at = time.monotonic()
+
+    def __len__(self) -> int:
+        return len(self.document_ids)
+
+    @property
+    def unit(self) -> npt.NDArray[np.float32]:
+        """The facts' vectors, normalised (zeros where a fact has none)."""
+        return self._unit[: len(self)]
+
+    def append(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Rows of `SCOPE_ROWS_AFTER` (id, expires_at, seq, vector bytes, dl, terms), in storing order."""
+        if not rows:
+            return
+        n, m = len(self), len(rows)
+        if n + m > self._unit.shape[0]:
+            grown = np.zeros((max(2 * self._unit.shape[0], n + m, 64), self.dimension), dtype=np.float32)
+            grown[:n] = self._unit[:n]
+            self._unit = grown
+        has = np.zeros(m, dtype=bool)
+        for i, row in enumerate(rows):
+            blob = row[3]
+            if blob is not None and len(blob) == 4 + 4 * self.dimension:
+                v = np.frombuffer(blob, dtype=">f4", offset=4).astype(np.float32)
+                norm = float(np.linalg.norm(v))
+                if norm > 0:
+                    self._unit[n + i] = v / norm
+                    has[i] = True
+        self.document_ids.extend(str(r[0]) for r in rows)
+        self.expires.extend(r[1] for r in rows)
+        self.has_vec = np.concatenate([self.has_vec, has])
+        self.dl = np.concatenate([self.dl, np.fromiter((float(r[4]) for r in rows), np.float64, m)])
+        self.terms = self.terms.extend(PackedTerms([r[5] for r in rows])).index()
+
+    def drop(self, document_ids: set[str]) -> None:
+        """Forget these facts (they left the scope)."""
+        keep = np.fromiter((d not in document_ids for d in self.document_ids), bool, len(self))
+        self._unit = self.unit[keep]
+        flags = keep.tolist()
+        self.document_ids = [d for d, k in zip(self.document_ids, flags, strict=True) if k]
+        self.expires = [e for e, k in zip(self.expires, flags, strict=True) if k]
+        self.has_vec, self.dl = self.has_vec[keep], self.dl[keep]
+        self.terms = self.terms.take(keep).index()
+
+    def rank(
+        self,
+        embedding: Sequence[float] | npt.NDArray[np.float32] | None,
+        query_terms: Sequence[int],
+        ranking: RankingParams,
+        boost_terms: Sequence[int] = (),
+    ) -> list[RankedFact]:
+        """`rank_scope` over the rows held, as the exact path ranks the scope's rows (cosines computed here)."""
+        n = len(self)
+        cos: npt.NDArray[np.float64]
+        if embedding is not None and n:
+            q = np.asarray(embedding, dtype=np.float32)
+            norm = float(np.linalg.norm(q))
+            # einsum, not `@`: a product this size makes OpenBLAS wake its threads, which then fight the query
+            # embedder's for the cores (p95 of recall at 10,000 facts 21-24 ms instead of 18).
+            cos = np.einsum("ij,j->i", self.unit, q / norm).astype(np.float64) if norm > 0 else np.zeros(n)
+            cos = np.where(self.has_vec, cos, np.nan)
+        else:
+            cos = np.full(n, np.nan)
+        return rank_scope(cos, self.dl, self.terms, query_terms, ranking, boost_terms=boost_terms)
+
+
+class ScopeCache:
+    """Held scopes of one process, least recently used first out, at most ``max_facts`` facts in all.
+
+    Thread-safe: one lock per scope for reading and refreshing it (recalls of one scope wait for one
+    read instead of each doing it), one for the table of scopes."""
+
+    def __init__(self, max_facts: int, dimension: int) -> None:
+        self.max_facts = max_facts
+        self.dimension = dimension
+        self._scopes: OrderedDict[tuple[str, str], HeldScope] = OrderedDict()
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._lock = threading.Lock()
+        #: Counters for tests and metrics: full reads, appends, facts dropped after the recheck.
+        self.full_reads = 0
+        self.appends = 0
+        self.dropped = 0
+
+    def lock_for(self, key: tuple[str, str]) -> threading.Lock:
+        with self._lock:
+            lock = self._locks.get(key)
+            if lock is None:
+                if len(self._locks) > 10_000:  # bounded, as the repository's other per-scope tables
+                    self._locks = {k: v for k, v in self._locks.items() if k in self._scopes}
+                lock = self._locks[key] = threading.Lock()
+            return lock
+
+    def held(self, key: tuple[str, str]) -> HeldScope | None:
+        with self._lock:
+            entry = self._scopes.get(key)
+            if entry is not None:
+                self._scopes.move_to_end(key)
+            return entry
+
+    def drop_facts(self, key: tuple[str, str], document_ids: set[str]) -> None:
+        """These facts of a held scope left it (seen when their text was fetched): rank without them."""
+        with self.lock_for(key):
+            entry = self.held(key)
+            if entry is not None and document_ids:
+                before = len(entry)
+                entry.drop(document_ids)
+                self.dropped += before - len(entry)
+
+    def forget(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self._scopes.pop(key, None)
+
+    def keep(self, key: tuple[str, str], entry: HeldScope) -> bool:
+        """Hold ``entry``, evicting the least recently used scopes for room; False when it cannot fit."""
+        if len(entry) > self.max_facts:
+            self.forget(key)
+            return False
+        with self._lock:
+            self._scopes[key] = entry
+            self._scopes.move_to_end(key)
+            total = sum(len(e) for e in self._scopes.values())
+            while total > self.max_facts and len(self._scopes) > 1:
+                _, old = self._scopes.popitem(last=False)
+                total -= len(old)
+        return True
+
+    @contextmanager
+    def use(
+        self, cur: psycopg.Cursor[Any], statements: Statements, params: dict[str, Any]
+    ) -> Iterator[HeldScope | None]:
+        """The scope of ``params`` (`FactRepository._scope` plus ``language``), brought up to date and held
+        under the scope's lock while the caller ranks it; None when it does not fit in the cache.
+        ``cur``: a binary cursor of the recall's connection."""
+        key = (str(params["org_id"]), str(params["assignment_id"]))
+        with self.lock_for(key):
+            entry = self.held(key)
+            row = cur.execute(statements.check, params).fetchone()
+            now = Check(int(row[0]), int(row[1]), int(row[2])) if row else Check(0, 0, 0)
+            if now.count > self.max_facts:
+                self.forget(key)
+                yield None
+                return
+            if entry is not None and time.monotonic() - entry.read_at > FULL_READ_S:
+                entry = None
+            if entry is not None and now != entry.check:
+                entry = self._append(cur, statements, params, entry)
+            if entry is None:
+                entry = self._read(cur, statements, params)
+            yield entry if self.keep(key, entry) else None
+
+    def _read(self, cur: psycopg.Cursor[Any], statements: Statements, params: dict[str, Any]) -> HeldScope:
+        entry = HeldScope(self.dimension)
+        rows = cur.execute(statements.rows_after, {**params, "after": 0}).fetchall()
+        entry.check = Check(int(rows[0][0]), int(rows[0][1]), int(rows[0][2]))  # one row at least (c, a)
+        entry.append([r[5:] for r in rows if r[5] is not None])
+        self.full_reads += 1
+        return entry
+
+    def _append(
+        self, cur: psycopg.Cursor[Any], statements: Statements, params: dict[str, Any], entry: HeldScope
+    ) -> HeldScope | None:
+        """Append what was added past the highest seq held; None when the scope changed otherwise."""
+        rows = cur.execute(statements.rows_after, {**params, "after": entry.check.seq_max}).fetchall()
+        now = Check(int(rows[0][0]), int(rows[0][1]), int(rows[0][2]))
+        added, added_sum = int(rows[0][3]), int(rows[0][4])
+        # Only appends: the rows up to the highest seq held are as many, with the same seqs, as when read.
+        if now.count - added != entry.check.count or now.seq_sum - added_sum != entry.check.seq_sum:
+            return None
+        entry.append([r[5:] for r in rows if r[5] is not None])
+        entry.check = now
+        self.appends += 1
+        return entry
