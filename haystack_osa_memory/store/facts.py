@@ -29,7 +29,7 @@ from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.errors import DatabaseError, SupersessionError
 from haystack_osa_memory.store.database import fact_scope, read, transaction
 from haystack_osa_memory.store.ranking import TERM_BITS, TERM_CODE, RankingParams, ScopeStats, rank_scope
-from haystack_osa_memory.store.scope_cache import ScopeCache
+from haystack_osa_memory.store.scope_cache import Check, ScopeCache
 from haystack_osa_memory.store.scope_cache import Statements as CacheStatements
 from haystack_osa_memory.tools import SUPERSEDABLE_STATUSES, SUPERSEDED
 
@@ -91,6 +91,10 @@ QUERY_TERMS = sql.SQL(
     """SELECT coalesce(array_agg(q.lexeme), '{{}}'::text[]), coalesce(array_agg(DISTINCT {hash}), '{{}}'::int8[])
     FROM unnest(tsvector_to_array(to_tsvector(%(language)s::regconfig, %(query)s))) AS q(lexeme)"""
 ).format(hash=LEXEME_HASH.format(lexeme=sql.SQL("q.lexeme")))
+
+
+# The same, with a held scope's check (`scope_cache.SCOPE_CHECK`) in the same round trip.
+HELD_TERMS_CHECK = sql.SQL("SELECT * FROM ({query_terms}) q(lexemes, hashes), ({check}) c")
 
 
 # A lexeme's key in its scope (GIN index of osa_fact_terms, version 10): the first 64 bits of the md5 of
@@ -576,7 +580,8 @@ class FactRepository:
             ScopeCache(config.scope_cache_facts, config.embedding_dimension) if config.scope_cache_facts else None
         )
         self._cache_statements = CacheStatements.compose(names, VALID_AT)
-        self._held_check, self._held_rows = self._cache_statements.check, self._cache_statements.rows_after
+        self._held_rows = self._cache_statements.rows_after
+        self._held_terms_check = HELD_TERMS_CHECK.format(query_terms=QUERY_TERMS, check=self._cache_statements.check)
         self._sizes: dict[tuple[str, str], ScopeSize] = {}
         self._counts: dict[tuple[str, str, int, bool], tuple[float, float]] = {}
         #: Read the common lexemes' counts from PostgreSQL's statistics (`COMMON_LEXEMES`) instead of counting.
@@ -765,19 +770,36 @@ class FactRepository:
             "embedding": vector_literal(embedding),
         }
         with self._reading(conn) as c, c.cursor(binary=True) as cur:
-            params["lexemes"], query_terms = self.query_terms(query, conn=c)
+            size = self.scope_size(org_id, assignment_id, conn=c)
+            cache = self.scope_cache
+            held_here = (
+                size.facts > self.exact_scope_max
+                and cache is not None
+                and size.facts <= cache.max_facts
+                and self._held_kind(audiences, statuses, valid_at, history)
+            )
+            seen: Check | None = None
+            if held_here:
+                # The query's lexemes and the held scope's check in one round trip.
+                row = cur.execute(self._held_terms_check, {**params, "query": query}).fetchone()
+                assert row is not None  # an aggregate over a one-row join: always one row
+                params["lexemes"], query_terms = list(row[0]), list(row[1])
+                seen = Check(int(row[2]), int(row[3]), int(row[4]))
+            else:
+                params["lexemes"], query_terms = self.query_terms(query, conn=c)
             boost_terms = boost.hashes if boost is not None and ranking.time_boost else []
             if boost_terms:
                 assert boost is not None
                 params["lexemes"] = [*params["lexemes"], *boost.lexemes]  # the fallback packs only these
-            size = self.scope_size(org_id, assignment_id, conn=c)
             if size.facts > self.exact_scope_max:
-                if self.scope_cache is not None and size.facts <= self.scope_cache.max_facts and not history:
-                    held = self._held_scope_hits(
-                        cur, params, query_terms, embedding, ranking, valid_at, audiences, boost_terms
-                    )
-                    if held is not None:
-                        return held
+                if held_here and cache is not None:
+                    with cache.use(cur, self._cache_statements, params, seen=seen) as held:
+                        if held is not None:
+                            ids, until = held.document_ids, held.expires
+                            return [
+                                ScopeHit(ids[i], ids[i], until[i], lr, ls, vr, vs, fused, i + 1)
+                                for i, lr, ls, vr, vs, fused in held.rank(embedding, query_terms, ranking, boost_terms)
+                            ]
                 return self._big_scope_hits(
                     cur, params, query_terms, size, ranking, embedding is not None, boost_terms=boost_terms
                 )
@@ -857,30 +879,6 @@ class FactRepository:
             rows = {int(k): float(f) * total for k, f in zip(row[0], row[1], strict=False)}
         self._common = (rows, now)
         return rows
-
-    def _held_scope_hits(
-        self,
-        cur: psycopg.Cursor[Any],
-        params: dict[str, Any],
-        query_terms: Sequence[int],
-        embedding: Vector | None,
-        ranking: RankingParams,
-        valid_at: ValidAt,
-        audiences: Sequence[str],
-        boost_terms: Sequence[int],
-    ) -> list[ScopeHit] | None:
-        """The exact ranking of a scope held in memory (`scope_cache`); None when it is not held (bigger
-        than the cache). Only recall of the facts valid now, with the admitted statuses and the facts'
-        audience, is served from memory."""
-        if self.scope_cache is None or not self._held_kind(audiences, params["statuses"], valid_at, False):
-            return None
-        with self.scope_cache.use(cur, self._cache_statements, params) as held:
-            if held is None:
-                return None
-            return [
-                ScopeHit(held.document_ids[i], held.document_ids[i], held.expires[i], lr, ls, vr, vs, fused, i + 1)
-                for i, lr, ls, vr, vs, fused in held.rank(embedding, query_terms, ranking, boost_terms)
-            ]
 
     def _held_kind(
         self, audiences: Sequence[str], statuses: Sequence[str] | None, valid_at: ValidAt, history: bool

@@ -275,10 +275,14 @@ def rank_scope(
                 df = stats.facts * (1 - (1 - share) ** spread)
                 idf = np.log(1 + (stats.facts - df + 0.5) / (df + 0.5))
                 avgdl = max(stats.mean_dl * (1 + params.lex_ctx * (spread - 1)), 1.0)
-            norm = params.k1 * (1 - params.b + params.b * cdl / avgdl)
-            contrib = np.where(present, idf * tf * (params.k1 + 1) / (tf + norm[:, None]), 0.0)
-            has_lex = present.any(axis=1)
-            lexical = np.where(has_lex, contrib.sum(axis=1), np.nan)
+            # Summed over the (fact, term) pairs present only, in the same order as along each row.
+            rows, cols = np.nonzero(present)
+            held = tf[rows, cols]
+            norm = params.k1 * (1 - params.b + params.b * cdl[rows] / avgdl)
+            contrib = idf[cols] * held * (params.k1 + 1) / (held + norm)
+            has_lex = np.zeros(n, dtype=bool)
+            has_lex[rows] = True
+            lexical = np.where(has_lex, np.bincount(rows, weights=contrib, minlength=n), np.nan)
 
     if scored is not None:
         allowed = np.asarray(scored, dtype=bool)

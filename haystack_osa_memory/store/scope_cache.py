@@ -46,6 +46,8 @@ from haystack_osa_memory.store.ranking import PackedTerms, RankedFact, RankingPa
 
 #: Seconds after which a held scope is read again in full (changes of governing rows alone show then).
 FULL_READ_S = 30.0
+#: Locks shared by the held scopes (a scope's is chosen by its key's hash).
+LOCK_STRIPES = 64
 
 SCOPE_CHECK = sql.SQL(
     """SELECT count(*) AS count, coalesce(sum(t.seq), 0)::numeric AS sum, coalesce(max(t.seq), 0) AS max
@@ -75,7 +77,8 @@ FROM c, a LEFT JOIN LATERAL (
     WHERE t.org_id = %(org_id)s AND t.assignment_id = %(assignment_id)s AND t.seq > %(after)s
       AND t.language = %(language)s::text AND t.terms IS NOT NULL
     ORDER BY t.seq
-) r ON true"""
+) r ON true
+ORDER BY r.seq"""
 )
 
 
@@ -136,15 +139,17 @@ class HeldScope:
             grown = np.zeros((max(2 * self._unit.shape[0], n + m, 64), self.dimension), dtype=np.float32)
             grown[:n] = self._unit[:n]
             self._unit = grown
-        has = np.zeros(m, dtype=bool)
-        for i, row in enumerate(rows):
-            blob = row[3]
-            if blob is not None and len(blob) == 4 + 4 * self.dimension:
-                v = np.frombuffer(blob, dtype=">f4", offset=4).astype(np.float32)
-                norm = float(np.linalg.norm(v))
-                if norm > 0:
-                    self._unit[n + i] = v / norm
-                    has[i] = True
+        size = 4 + 4 * self.dimension  # vector_send: 4 header bytes, then the floats
+        blobs = [r[3] for r in rows]
+        has = np.fromiter((b is not None and len(b) == size for b in blobs), bool, m)
+        if has.any():
+            # One buffer for all: the header reads as one more float per row, dropped.
+            raw = np.frombuffer(b"".join(b for b, h in zip(blobs, has.tolist(), strict=True) if h), dtype=">f4")
+            vectors = raw.reshape(-1, self.dimension + 1)[:, 1:].astype(np.float32)
+            norms = np.linalg.norm(vectors, axis=1)
+            at = np.flatnonzero(has)
+            has[at[norms == 0]] = False
+            self._unit[n + at[norms > 0]] = vectors[norms > 0] / norms[norms > 0, None]
         self.document_ids.extend(str(r[0]) for r in rows)
         self.expires.extend(r[1] for r in rows)
         self.has_vec = np.concatenate([self.has_vec, has])
@@ -186,14 +191,15 @@ class HeldScope:
 class ScopeCache:
     """Held scopes of one process, least recently used first out, at most ``max_facts`` facts in all.
 
-    Thread-safe: one lock per scope for reading and refreshing it (recalls of one scope wait for one
-    read instead of each doing it), one for the table of scopes."""
+    Thread-safe: a scope is read, refreshed and ranked under its stripe's lock (recalls of one scope wait
+    for one read instead of each doing it; `LOCK_STRIPES` locks for all scopes), the table of scopes under
+    its own lock."""
 
     def __init__(self, max_facts: int, dimension: int) -> None:
         self.max_facts = max_facts
         self.dimension = dimension
         self._scopes: OrderedDict[tuple[str, str], HeldScope] = OrderedDict()
-        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._stripes = [threading.Lock() for _ in range(LOCK_STRIPES)]
         self._lock = threading.Lock()
         #: Counters for tests and metrics: full reads, appends, facts dropped after the recheck.
         self.full_reads = 0
@@ -201,13 +207,8 @@ class ScopeCache:
         self.dropped = 0
 
     def lock_for(self, key: tuple[str, str]) -> threading.Lock:
-        with self._lock:
-            lock = self._locks.get(key)
-            if lock is None:
-                if len(self._locks) > 10_000:  # bounded, as the repository's other per-scope tables
-                    self._locks = {k: v for k, v in self._locks.items() if k in self._scopes}
-                lock = self._locks[key] = threading.Lock()
-            return lock
+        """The lock of ``key``'s stripe: a fixed set, so that no lock is ever replaced while held."""
+        return self._stripes[hash(key) % len(self._stripes)]
 
     def held(self, key: tuple[str, str]) -> HeldScope | None:
         with self._lock:
@@ -245,16 +246,19 @@ class ScopeCache:
 
     @contextmanager
     def use(
-        self, cur: psycopg.Cursor[Any], statements: Statements, params: dict[str, Any]
+        self, cur: psycopg.Cursor[Any], statements: Statements, params: dict[str, Any], *, seen: Check | None = None
     ) -> Iterator[HeldScope | None]:
         """The scope of ``params`` (`FactRepository._scope` plus ``language``), brought up to date and held
         under the scope's lock while the caller ranks it; None when it does not fit in the cache.
-        ``cur``: a binary cursor of the recall's connection."""
+        ``cur``: a binary cursor of the recall's connection; ``seen``: `SCOPE_CHECK` as the caller just ran
+        it (else it runs here)."""
         key = (str(params["org_id"]), str(params["assignment_id"]))
         with self.lock_for(key):
             entry = self.held(key)
-            row = cur.execute(statements.check, params).fetchone()
-            now = Check(int(row[0]), int(row[1]), int(row[2])) if row else Check(0, 0, 0)
+            if seen is None:
+                row = cur.execute(statements.check, params).fetchone()
+                seen = Check(int(row[0]), int(row[1]), int(row[2])) if row else Check(0, 0, 0)
+            now = seen
             if now.count > self.max_facts:
                 self.forget(key)
                 yield None
