@@ -103,7 +103,8 @@ means the default sizes below N, then N), instead of the design comparison:
   indexes hold other scopes' near neighbours. Facts are template facts on Zipf-popular topics with distinct
   details (a ticket code used once, a person, a team, a place, a day, a month, an hour). A progress bar is
   shown while storing (a line per tenth when the output is not a terminal). After each growth the tables are
-  ANALYZEd and the measured scope must hold one usable recall row per fact.
+  vacuumed and analyzed (as autovacuum would soon after such an import) and the measured scope must hold one
+  usable recall row per fact.
 - At each size ``--queries`` facts (default 200, fixed seed) are queried by their own text and by a
   paraphrase (the same person, ticket code, system and aspect in other words) through ``Memory.recall``
   (top ``--k``, default 8) in process, **query embedding included** (``MiniLMTextEmbedder``, the configured
@@ -1488,8 +1489,10 @@ class BigScopeBench(Bench):
         self.document_ids += [
             marked_fact(f.text, measured.org_id, measured.assignment_id, self.config.dataset)[2] for f in fresh
         ]
+        # VACUUM too: autovacuum would soon after an import this size, and until then every index-only scan
+        # of the new rows (the held scope's check, the scope's size) also reads the table's pages.
         for table in ("{schema}.osa_fact_terms", "{schema}.{gov}", "{schema}.{chunk}"):
-            self.conn.execute(self.q("ANALYZE " + table))
+            self.conn.execute(self.q("VACUUM (ANALYZE) " + table))
         embedded = self.document_embedder.embedded - embedded_before
         embed_s = self.document_embedder.seconds - embed_s_before
         written = len(fresh) * len(self.callers)
