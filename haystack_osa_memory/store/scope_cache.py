@@ -201,7 +201,7 @@ class ScopeCache:
         self._scopes: OrderedDict[tuple[str, str], HeldScope] = OrderedDict()
         self._stripes = [threading.Lock() for _ in range(LOCK_STRIPES)]
         self._lock = threading.Lock()
-        #: Counters for tests and metrics: full reads, appends, facts dropped after the recheck.
+        #: Counters for tests and metrics: full reads, appends, facts dropped when their text fetch refused them.
         self.full_reads = 0
         self.appends = 0
         self.dropped = 0
