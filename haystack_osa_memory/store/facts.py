@@ -580,7 +580,6 @@ class FactRepository:
             ScopeCache(config.scope_cache_facts, config.embedding_dimension) if config.scope_cache_facts else None
         )
         self._cache_statements = CacheStatements.compose(names, VALID_AT)
-        self._held_rows = self._cache_statements.rows_after
         self._held_terms_check = HELD_TERMS_CHECK.format(query_terms=QUERY_TERMS, check=self._cache_statements.check)
         self._sizes: dict[tuple[str, str], ScopeSize] = {}
         self._counts: dict[tuple[str, str, int, bool], tuple[float, float]] = {}
@@ -778,7 +777,7 @@ class FactRepository:
                 and size.facts <= cache.max_facts
                 and self._held_kind(audiences, statuses, valid_at, history)
             )
-            seen: Check | None = None
+            seen = Check(0, 0, 0)
             if held_here:
                 # The query's lexemes and the held scope's check in one round trip.
                 row = cur.execute(self._held_terms_check, {**params, "query": query}).fetchone()
@@ -793,7 +792,7 @@ class FactRepository:
                 params["lexemes"] = [*params["lexemes"], *boost.lexemes]  # the fallback packs only these
             if size.facts > self.exact_scope_max:
                 if held_here and cache is not None:
-                    with cache.use(cur, self._cache_statements, params, seen=seen) as held:
+                    with cache.use(cur, self._cache_statements, params, seen) as held:
                         if held is not None:
                             ids, until = held.document_ids, held.expires
                             return [

@@ -22,7 +22,8 @@ assignment: nothing read for one scope can rank in another.
 Usage:
 ```python
 cache = ScopeCache(max_facts=50_000, dimension=384)
-with cache.use(cursor, statements, scope_params) as held:   # None: not held (too big for the cache)
+now = Check(*cursor.execute(statements.check, scope_params).fetchone())
+with cache.use(cursor, statements, scope_params, now) as held:   # None: not held (too big for the cache)
     ranked = held.rank(query_embedding, query_terms, ranking) if held is not None else None
 ```
 """
@@ -246,19 +247,15 @@ class ScopeCache:
 
     @contextmanager
     def use(
-        self, cur: psycopg.Cursor[Any], statements: Statements, params: dict[str, Any], *, seen: Check | None = None
+        self, cur: psycopg.Cursor[Any], statements: Statements, params: dict[str, Any], now: Check
     ) -> Iterator[HeldScope | None]:
         """The scope of ``params`` (`FactRepository._scope` plus ``language``), brought up to date and held
         under the scope's lock while the caller ranks it; None when it does not fit in the cache.
-        ``cur``: a binary cursor of the recall's connection; ``seen``: `SCOPE_CHECK` as the caller just ran
-        it (else it runs here)."""
+        ``cur``: a binary cursor of the recall's connection; ``now``: `SCOPE_CHECK` as the caller just ran it
+        (in the round trip of the query's lexemes)."""
         key = (str(params["org_id"]), str(params["assignment_id"]))
         with self.lock_for(key):
             entry = self.held(key)
-            if seen is None:
-                row = cur.execute(statements.check, params).fetchone()
-                seen = Check(int(row[0]), int(row[1]), int(row[2])) if row else Check(0, 0, 0)
-            now = seen
             if now.count > self.max_facts:
                 self.forget(key)
                 yield None

@@ -23,6 +23,7 @@ plan there (`PENDING`).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -749,6 +750,10 @@ def test_every_statement_of_the_repositories_was_exercised(run: Run) -> None:
     with psycopg.connect(run.cfg.pg_conn_str or "") as conn:
         for repository in run.repositories:
             statements = {**vars(repository), **getattr(repository, "_q", {})}
+            # and those a repository keeps in a dataclass of its own (`scope_cache.Statements`)
+            for holder, held in list(statements.items()):
+                if dataclasses.is_dataclass(held) and not isinstance(held, type):
+                    statements.update({f"{holder}.{k}": v for k, v in vars(held).items()})
             for name, statement in statements.items():
                 if isinstance(statement, sql.Composable):
                     flat = " ".join(statement.as_string(conn).split())
