@@ -74,6 +74,12 @@ METRIC_NAMES = (
     "osa_memory_db_pool_requests_queued_total",
     "osa_memory_db_pool_wait_seconds_total",
     "osa_memory_db_pool_request_errors_total",
+    "osa_memory_held_scopes",
+    "osa_memory_held_facts",
+    "osa_memory_held_bytes",
+    "osa_memory_held_full_reads_total",
+    "osa_memory_held_appends_total",
+    "osa_memory_held_dropped_total",
 )
 
 
@@ -127,26 +133,38 @@ class _WorkerMetrics:
             registry=None,
         )
 
-        def pool_gauge(name: str, help_text: str) -> Gauge:
+        def live_gauge(name: str, help_text: str) -> Gauge:
             return Gauge(name, help_text, multiprocess_mode="livesum", registry=None)
 
-        def pool_counter(name: str, help_text: str) -> Counter:
+        def counter(name: str, help_text: str) -> Counter:
             return Counter(name, help_text, registry=None)
 
-        self.pool_connections = pool_gauge("osa_memory_db_pool_connections", "Open pooled database connections.")
-        self.pool_in_use = pool_gauge("osa_memory_db_pool_in_use", "Pooled connections lent out right now.")
-        self.pool_idle = pool_gauge("osa_memory_db_pool_idle", "Pooled connections open and idle.")
-        self.pool_max = pool_gauge("osa_memory_db_pool_max", "Most connections the pools may open.")
-        self.pool_waiting = pool_gauge("osa_memory_db_pool_waiting", "Requests waiting for a pooled connection.")
-        self.pool_requests = pool_counter("osa_memory_db_pool_requests_total", "Connections asked of the pools.")
-        self.pool_queued = pool_counter(
+        self.pool_connections = live_gauge("osa_memory_db_pool_connections", "Open pooled database connections.")
+        self.pool_in_use = live_gauge("osa_memory_db_pool_in_use", "Pooled connections lent out right now.")
+        self.pool_idle = live_gauge("osa_memory_db_pool_idle", "Pooled connections open and idle.")
+        self.pool_max = live_gauge("osa_memory_db_pool_max", "Most connections the pools may open.")
+        self.pool_waiting = live_gauge("osa_memory_db_pool_waiting", "Requests waiting for a pooled connection.")
+        self.pool_requests = counter("osa_memory_db_pool_requests_total", "Connections asked of the pools.")
+        self.pool_queued = counter(
             "osa_memory_db_pool_requests_queued_total", "Requests that had to wait for a connection."
         )
-        self.pool_wait_seconds = pool_counter(
+        self.pool_wait_seconds = counter(
             "osa_memory_db_pool_wait_seconds_total", "Time requests spent waiting for a connection."
         )
-        self.pool_errors = pool_counter(
+        self.pool_errors = counter(
             "osa_memory_db_pool_request_errors_total", "Requests that got no connection (timeouts)."
+        )
+        self.held_scopes = live_gauge("osa_memory_held_scopes", "Big assignments held in memory for recall.")
+        self.held_facts = live_gauge("osa_memory_held_facts", "Facts of the assignments held in memory.")
+        self.held_bytes = live_gauge("osa_memory_held_bytes", "Bytes of the arrays held for those facts.")
+        self.held_full_reads = counter(
+            "osa_memory_held_full_reads_total", "Held assignments read in full (first use, a change, every 30 s)."
+        )
+        self.held_appends = counter(
+            "osa_memory_held_appends_total", "Held assignments brought up to date by reading only new facts."
+        )
+        self.held_dropped = counter(
+            "osa_memory_held_dropped_total", "Facts dropped from memory after their governing row refused them."
         )
         # Series at zero for every served tool, so rates and dashboards work before the first call.
         for tool in tools:
@@ -155,8 +173,9 @@ class _WorkerMetrics:
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample_forever, name="osa-memory-metrics", daemon=True)
 
-    def sample_pools(self) -> None:
+    def sample(self) -> None:
         from haystack_osa_memory.store.database import pool_stats
+        from haystack_osa_memory.store.scope_cache import held_stats
 
         with self._sample_lock:  # the sampler thread and tool calls: each popped counter is added once
             stats = pool_stats(pop=True)
@@ -171,13 +190,20 @@ class _WorkerMetrics:
             self.pool_queued.inc(sum(s.get("requests_queued", 0) for s in stats))
             self.pool_wait_seconds.inc(sum(s.get("requests_wait_ms", 0) for s in stats) / 1000)
             self.pool_errors.inc(sum(s.get("requests_errors", 0) for s in stats))
+            held = held_stats(pop=True)
+            self.held_scopes.set(held.scopes)
+            self.held_facts.set(held.facts)
+            self.held_bytes.set(held.array_bytes)
+            self.held_full_reads.inc(held.full_reads)
+            self.held_appends.inc(held.appends)
+            self.held_dropped.inc(held.dropped)
 
     def _sample_forever(self) -> None:
         while not self._stop.wait(POOL_SAMPLE_SECONDS):
             try:
-                self.sample_pools()
+                self.sample()
             except Exception as e:  # a metrics hiccup must not end the sampling, nor reach a caller
-                logger.debug("connection-pool sample failed: %s", type(e).__name__)
+                logger.debug("metrics sample failed: %s", type(e).__name__)
 
 
 _worker: _WorkerMetrics | None = None
@@ -228,9 +254,9 @@ def record_tool_call(tool: str, seconds: float, error: BaseException | None) -> 
     if error is not None:
         worker.tool_errors.labels(tool, error_kind(error)).inc()
     try:
-        worker.sample_pools()
+        worker.sample()
     except Exception as e:
-        logger.debug("connection-pool sample failed: %s", type(e).__name__)
+        logger.debug("metrics sample failed: %s", type(e).__name__)
 
 
 def observe_document_batch(size: int) -> None:

@@ -152,6 +152,14 @@ class PackedTerms:
     def __len__(self) -> int:
         return self.n
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the unpacked arrays, the index's included."""
+        arrays = [self.often, self.hashes, self.rows]
+        if self._order is not None:
+            arrays += [self._order, self._sorted]
+        return sum(a.nbytes for a in arrays)
+
     def extend(self, more: PackedTerms) -> PackedTerms:
         """These facts' lexemes followed by ``more``'s."""
         out = PackedTerms([])

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -84,6 +85,48 @@ ORDER BY r.seq"""
 
 
 @dataclass(frozen=True)
+class HeldStats:
+    """What the process holds, summed over its caches (for metrics): ``scopes``, ``facts`` and ``array_bytes``
+    (the numpy arrays; ids and other Python objects aside) now, and the full reads, appends and facts
+    dropped since the counts were last popped (`held_stats`)."""
+
+    scopes: int
+    facts: int
+    array_bytes: int
+    full_reads: int
+    appends: int
+    dropped: int
+
+
+# Every cache of the process, for `held_stats` (a repository's cache goes with it), and the events of all
+# of them since the last pop.
+_caches: weakref.WeakSet[ScopeCache] = weakref.WeakSet()
+_events_lock = threading.Lock()
+_events = {"full_reads": 0, "appends": 0, "dropped": 0}
+
+
+def _note(event: str, n: int = 1) -> None:
+    with _events_lock:
+        _events[event] += n
+
+
+def held_stats(*, pop: bool = False) -> HeldStats:
+    """The scopes, facts and array bytes held by this process's caches, and the events since the last pop
+    (``pop``: reset them, for a sampler that adds them to counters)."""
+    scopes = facts = size = 0
+    for cache in list(_caches):
+        for entry in cache.entries():
+            scopes += 1
+            facts += len(entry)
+            size += entry.nbytes
+    with _events_lock:
+        events = dict(_events)
+        if pop:
+            _events.update(dict.fromkeys(_events, 0))
+    return HeldStats(scopes, facts, size, events["full_reads"], events["appends"], events["dropped"])
+
+
+@dataclass(frozen=True)
 class Statements:
     """The cache's statements for one configuration (composed once by the repository)."""
 
@@ -125,6 +168,11 @@ class HeldScope:
 
     def __len__(self) -> int:
         return len(self.document_ids)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the numpy arrays held (the vectors' spare room included)."""
+        return self._unit.nbytes + self.has_vec.nbytes + self.dl.nbytes + self.terms.nbytes
 
     @property
     def unit(self) -> npt.NDArray[np.float32]:
@@ -206,10 +254,16 @@ class ScopeCache:
         self.full_reads = 0
         self.appends = 0
         self.dropped = 0
+        _caches.add(self)
 
     def lock_for(self, key: tuple[str, str]) -> threading.Lock:
         """The lock of ``key``'s stripe: a fixed set, so that no lock is ever replaced while held."""
         return self._stripes[hash(key) % len(self._stripes)]
+
+    def entries(self) -> list[HeldScope]:
+        """The scopes held now (a snapshot; for metrics)."""
+        with self._lock:
+            return list(self._scopes.values())
 
     def held(self, key: tuple[str, str]) -> HeldScope | None:
         with self._lock:
@@ -226,6 +280,7 @@ class ScopeCache:
                 before = len(entry)
                 entry.drop(document_ids)
                 self.dropped += before - len(entry)
+                _note("dropped", before - len(entry))
 
     def forget(self, key: tuple[str, str]) -> None:
         with self._lock:
@@ -274,6 +329,7 @@ class ScopeCache:
         entry.check = Check(int(rows[0][0]), int(rows[0][1]), int(rows[0][2]))  # one row at least (c, a)
         entry.append([r[5:] for r in rows if r[5] is not None])
         self.full_reads += 1
+        _note("full_reads")
         return entry
 
     def _append(
@@ -289,4 +345,5 @@ class ScopeCache:
         entry.append([r[5:] for r in rows if r[5] is not None])
         entry.check = now
         self.appends += 1
+        _note("appends")
         return entry

@@ -50,6 +50,25 @@ WORKER = textwrap.dedent(
         "requests_num": 7 if pop else 0, "requests_queued": 2 if pop else 0,
         "requests_wait_ms": 500 if pop else 0, "requests_errors": 1 if pop else 0,
     }]
+    # A big assignment held in memory (rows as the database returns them; no database needed), read once,
+    # then one of its facts dropped.
+    import numpy as np
+    from haystack_osa_memory.store import scope_cache
+
+    class Cursor:
+        def execute(self, *args):
+            return self
+
+        def fetchall(self):
+            vec = b"\\x00\\x03\\x00\\x00" + np.array([1, 0, 0], ">f4").tobytes()
+            return [(2, 3, 2, 2, 3, f"d{i}", None, i + 1, vec, 1.0, None) for i in range(2)]
+
+    cache = scope_cache.ScopeCache(100, 3)
+    statements = scope_cache.Statements(check=None, rows_after=None)
+    scope = {"org_id": "acme", "assignment_id": secret}
+    with cache.use(Cursor(), statements, scope, scope_cache.Check(2, 3, 2)) as held:
+        assert len(held) == 2
+    cache.drop_facts(("acme", secret), {"d0"})
     assert metrics.start_worker(["kb_memory_recall", "kb_memory_store"])
     metrics.record_tool_call(metrics.tool_label("kb_memory_recall", ["kb_memory_recall"]), 0.02, None)
     metrics.record_tool_call("kb_memory_store", 0.3, NotFoundError(f"no fact {secret}"))
@@ -209,6 +228,13 @@ def test_workers_add_up_and_dead_workers_leave_the_gauges(endpoint: metrics.Metr
     assert sample(text, "osa_memory_db_pool_idle") == 1
     assert sample(text, "osa_memory_db_pool_max") == 8
     assert sample(text, "osa_memory_db_pool_waiting") == 2
+    # Held assignments: counts of every process, gauges of the live one (its one scope, one fact left).
+    assert sample(text, "osa_memory_held_full_reads_total") == 3
+    assert sample(text, "osa_memory_held_dropped_total") == 3
+    assert sample(text, "osa_memory_held_appends_total") == 0
+    assert sample(text, "osa_memory_held_scopes") == 1
+    assert sample(text, "osa_memory_held_facts") == 1
+    assert sample(text, "osa_memory_held_bytes") > 0
     assert SECRET not in text
     assert "hunter2" not in text
 
