@@ -66,6 +66,7 @@ class FactWords:
         return self.content | self.values
 
 
+@lru_cache(maxsize=16384)
 def _stem(word: str) -> str:
     """A light stemmer: enough for ``profiles``/``profile`` and ``deployed``/``deploy``."""
     if word.endswith("'s"):
@@ -77,11 +78,15 @@ def _stem(word: str) -> str:
 
 
 def _is_value(token: str, sentence_start: bool) -> bool:
-    if any(ch.isdigit() for ch in token):
-        return True
-    if any(ch in _IDENTIFIER_MARKS for ch in token[1:-1]):
-        return True
-    if len(token) > 1 and any(ch.isupper() for ch in token[1:]):
+    # Each test first asks str's own (C) predicates: most tokens are plain lower-case words, and the
+    # character loops cost most of a recall's conflict check.
+    if not token.isalpha():  # letters only: no digit, no identifier mark
+        if any(ch.isdigit() for ch in token):
+            return True
+        if any(ch in _IDENTIFIER_MARKS for ch in token[1:-1]):
+            return True
+    rest = token[1:]
+    if rest and not rest.islower() and any(ch.isupper() for ch in rest):
         return True  # CamelCase or ALL CAPS: a product, team or acronym
     return token[0].isupper() and not sentence_start
 
@@ -94,12 +99,23 @@ def fact_words(text: str) -> FactWords:
     openers: set[str] = set()
     tokens = [(m.group(0), m.start(), m.end()) for m in _TOKEN.finditer(text)]
     previous_end = 0
+    last = len(tokens) - 1
     for n, (token, start, end) in enumerate(tokens):
-        sentence_start = n == 0 or bool(_SENTENCE_END.search(text[previous_end:start]))
+        if n == 0:
+            sentence_start = True
+        elif start == previous_end + 1 and text[previous_end] == " ":
+            sentence_start = False  # one space since the last token (the common case): no sentence end
+        else:
+            sentence_start = bool(_SENTENCE_END.search(text[previous_end:start]))
         previous_end = end
         # A capitalised opener followed by another capitalised word is a name ("Maria Novak is on call").
-        following = tokens[n + 1][0] if n + 1 < len(tokens) else ""
-        named = sentence_start and token.istitle() and following.istitle() and token.casefold() not in _STOP
+        named = (
+            sentence_start
+            and n < last
+            and token.istitle()
+            and tokens[n + 1][0].istitle()
+            and token.casefold() not in _STOP
+        )
         if named or _is_value(token, sentence_start):
             value = token.casefold().rstrip(".")
             values.add(value[:-2] if value.endswith(("'s", "\u2019s")) else value)

@@ -67,17 +67,17 @@ class RankedFact(NamedTuple):
 
 
 def _window_sum(x: Floats, window: int) -> Floats:
-    """``out[i] = x[i-window] + ... + x[i+window]`` (rows beyond either end count as absent), summed
-    from the earliest row on, as PostgreSQL's window ``sum`` does."""
-    n = x.shape[0]
+    """``out[..., i] = x[..., i-window] + ... + x[..., i+window]`` along the last axis (facts beyond either
+    end count as absent), summed from the earliest fact on, as PostgreSQL's window ``sum`` does."""
+    n = x.shape[-1]
     out = np.zeros_like(x)
     for off in range(-window, window + 1):
         if abs(off) >= n:
             continue
         if off < 0:
-            out[-off:] += x[: n + off]
+            out[..., -off:] += x[..., : n + off]
         else:
-            out[: n - off] += x[off:]
+            out[..., : n - off] += x[..., off:]
     return out
 
 
@@ -180,7 +180,12 @@ class PackedTerms:
 
     def counts(self, query_terms: Sequence[int]) -> Floats:
         """``f[i, t]``: how often fact ``i`` holds query term ``t`` (the ``t``-th of ``query_terms``)."""
-        f: Floats = np.zeros((self.n, len(query_terms)), dtype=np.float64)
+        return self.counts_by_term(query_terms).T
+
+    def counts_by_term(self, query_terms: Sequence[int]) -> Floats:
+        """`counts` transposed, ``f[t, i]``, in C order: one contiguous row of facts per query term, which
+        is how ranking walks it."""
+        f: Floats = np.zeros((len(query_terms), self.n), dtype=np.float64)
         if not len(query_terms) or not self.hashes.shape[0]:
             return f
         for t, wanted in enumerate(query_terms):
@@ -191,7 +196,7 @@ class PackedTerms:
                 # A handful of query terms: one vectorised comparison each is cheaper than sorting first.
                 held = np.flatnonzero(self.hashes == wanted)
             if held.shape[0]:
-                f[:, t] = np.bincount(self.rows[held], weights=self.often[held], minlength=self.n)
+                f[t] = np.bincount(self.rows[held], weights=self.often[held], minlength=self.n)
         return f
 
 
@@ -265,13 +270,14 @@ def rank_scope(
     vector = np.where(has_cos, cos0 + params.vec_ctx * (_window_sum(cos0, w) - cos0), np.nan)
 
     lexical = np.full(n, np.nan)
-    f = term_counts(terms, query_terms)
+    packed = terms if isinstance(terms, PackedTerms) else PackedTerms(terms)
+    f = packed.counts_by_term(query_terms)  # (term, fact)
     if f.any():
         tf = f + params.lex_ctx * (_window_sum(f, w) - f) if params.lex_ctx > 0 and w > 0 else f
         present = tf > 0
         if present.any():
             if stats is None:
-                df = present.sum(axis=0).astype(np.float64)
+                df = present.sum(axis=1).astype(np.float64)
                 idf = np.log(1 + (n - df + 0.5) / (df + 0.5))
                 avgdl = max(float(cdl.mean()), 1.0)
             else:
@@ -283,14 +289,16 @@ def rank_scope(
                 df = stats.facts * (1 - (1 - share) ** spread)
                 idf = np.log(1 + (stats.facts - df + 0.5) / (df + 0.5))
                 avgdl = max(stats.mean_dl * (1 + params.lex_ctx * (spread - 1)), 1.0)
-            # Summed over the (fact, term) pairs present only, in the same order as along each row.
-            rows, cols = np.nonzero(present)
-            held = tf[rows, cols]
-            norm = params.k1 * (1 - params.b + params.b * cdl[rows] / avgdl)
-            contrib = idf[cols] * held * (params.k1 + 1) / (held + norm)
-            has_lex = np.zeros(n, dtype=bool)
-            has_lex[rows] = True
-            lexical = np.where(has_lex, np.bincount(rows, weights=contrib, minlength=n), np.nan)
+            # Dense over (term, fact), absent pairs 0: where a query's terms are common (half the pairs of a
+            # big scope present, the context window spreading each holder over five facts), cheaper than
+            # gathering the present pairs. Each fact's terms add up one by one in term order (numpy's
+            # own sum may pair them up in another order; the scores stay bit for bit what they were).
+            norm = params.k1 * (1 - params.b + params.b * cdl / avgdl)
+            contrib = np.where(present, idf[:, None] * tf * (params.k1 + 1) / (tf + norm), 0.0)
+            total = contrib[0].copy()
+            for term in contrib[1:]:
+                total += term
+            lexical = np.where(present.any(axis=0), total, np.nan)
 
     if scored is not None:
         allowed = np.asarray(scored, dtype=bool)
@@ -305,7 +313,7 @@ def rank_scope(
     vec_part = np.where(has_vec, vector / vec_den, 0.0) if vec_den != 0 else np.zeros(n)
     fused = params.lex_share * lex_part + (1 - params.lex_share) * vec_part
     if params.time_boost and len(boost_terms):
-        fused = np.where(kept & term_counts(terms, boost_terms).any(axis=1), fused + params.time_boost, fused)
+        fused = np.where(kept & packed.counts_by_term(boost_terms).any(axis=0), fused + params.time_boost, fused)
 
     k = params.k
     chosen = kept & (_within(lexical, has_lex, k) | _within(vector, has_vec, k) | _within(fused, kept, k))
