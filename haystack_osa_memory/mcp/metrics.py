@@ -57,6 +57,30 @@ POOL_SAMPLE_SECONDS = 5.0
 TOOL_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 EMBED_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
+
+#: Gauges sampled from the connection pools and the held assignments (`_WorkerMetrics.sample`).
+LIVE_GAUGES = {
+    "osa_memory_db_pool_connections": "Open pooled database connections.",
+    "osa_memory_db_pool_in_use": "Pooled connections lent out right now.",
+    "osa_memory_db_pool_idle": "Pooled connections open and idle.",
+    "osa_memory_db_pool_max": "Most connections the pools may open.",
+    "osa_memory_db_pool_waiting": "Requests waiting for a pooled connection.",
+    "osa_memory_held_scopes": "Big assignments held in memory for recall.",
+    "osa_memory_held_facts": "Facts of the assignments held in memory.",
+    "osa_memory_held_bytes": "Bytes of the arrays held for those facts.",
+}
+#: Counters sampled from the same (what happened since the last sample is added).
+COUNTERS = {
+    "osa_memory_db_pool_requests_total": "Connections asked of the pools.",
+    "osa_memory_db_pool_requests_queued_total": "Requests that had to wait for a connection.",
+    "osa_memory_db_pool_wait_seconds_total": "Time requests spent waiting for a connection.",
+    "osa_memory_db_pool_request_errors_total": "Requests that got no connection (timeouts).",
+    "osa_memory_held_full_reads_total": "Held assignments read in full (first use, a change, every 30 s).",
+    "osa_memory_held_appends_total": "Held assignments brought up to date by reading only new facts.",
+    "osa_memory_held_dropped_total": "Facts dropped from memory after their governing row refused them.",
+}
+
+
 #: Every metric name, for the documentation and its test.
 METRIC_NAMES = (
     "osa_memory_tool_duration_seconds",
@@ -65,21 +89,8 @@ METRIC_NAMES = (
     "osa_memory_document_embed_batch_size",
     "osa_memory_offline_queue_depth",
     "osa_memory_offline_queue_rejected",
-    "osa_memory_db_pool_connections",
-    "osa_memory_db_pool_in_use",
-    "osa_memory_db_pool_idle",
-    "osa_memory_db_pool_max",
-    "osa_memory_db_pool_waiting",
-    "osa_memory_db_pool_requests_total",
-    "osa_memory_db_pool_requests_queued_total",
-    "osa_memory_db_pool_wait_seconds_total",
-    "osa_memory_db_pool_request_errors_total",
-    "osa_memory_held_scopes",
-    "osa_memory_held_facts",
-    "osa_memory_held_bytes",
-    "osa_memory_held_full_reads_total",
-    "osa_memory_held_appends_total",
-    "osa_memory_held_dropped_total",
+    *LIVE_GAUGES,
+    *COUNTERS,
 )
 
 
@@ -133,39 +144,12 @@ class _WorkerMetrics:
             registry=None,
         )
 
-        def live_gauge(name: str, help_text: str) -> Gauge:
-            return Gauge(name, help_text, multiprocess_mode="livesum", registry=None)
-
-        def counter(name: str, help_text: str) -> Counter:
-            return Counter(name, help_text, registry=None)
-
-        self.pool_connections = live_gauge("osa_memory_db_pool_connections", "Open pooled database connections.")
-        self.pool_in_use = live_gauge("osa_memory_db_pool_in_use", "Pooled connections lent out right now.")
-        self.pool_idle = live_gauge("osa_memory_db_pool_idle", "Pooled connections open and idle.")
-        self.pool_max = live_gauge("osa_memory_db_pool_max", "Most connections the pools may open.")
-        self.pool_waiting = live_gauge("osa_memory_db_pool_waiting", "Requests waiting for a pooled connection.")
-        self.pool_requests = counter("osa_memory_db_pool_requests_total", "Connections asked of the pools.")
-        self.pool_queued = counter(
-            "osa_memory_db_pool_requests_queued_total", "Requests that had to wait for a connection."
-        )
-        self.pool_wait_seconds = counter(
-            "osa_memory_db_pool_wait_seconds_total", "Time requests spent waiting for a connection."
-        )
-        self.pool_errors = counter(
-            "osa_memory_db_pool_request_errors_total", "Requests that got no connection (timeouts)."
-        )
-        self.held_scopes = live_gauge("osa_memory_held_scopes", "Big assignments held in memory for recall.")
-        self.held_facts = live_gauge("osa_memory_held_facts", "Facts of the assignments held in memory.")
-        self.held_bytes = live_gauge("osa_memory_held_bytes", "Bytes of the arrays held for those facts.")
-        self.held_full_reads = counter(
-            "osa_memory_held_full_reads_total", "Held assignments read in full (first use, a change, every 30 s)."
-        )
-        self.held_appends = counter(
-            "osa_memory_held_appends_total", "Held assignments brought up to date by reading only new facts."
-        )
-        self.held_dropped = counter(
-            "osa_memory_held_dropped_total", "Facts dropped from memory after their governing row refused them."
-        )
+        # Live gauges add up the running processes only; counters keep an exited process's counts.
+        self.gauges = {
+            name: Gauge(name, help_text, multiprocess_mode="livesum", registry=None)
+            for name, help_text in LIVE_GAUGES.items()
+        }
+        self.counters = {name: Counter(name, help_text, registry=None) for name, help_text in COUNTERS.items()}
         # Series at zero for every served tool, so rates and dashboards work before the first call.
         for tool in tools:
             self.tool_seconds.labels(tool)
@@ -179,24 +163,35 @@ class _WorkerMetrics:
 
         with self._sample_lock:  # the sampler thread and tool calls: each popped counter is added once
             stats = pool_stats(pop=True)
-            size = sum(s.get("pool_size", 0) for s in stats)
-            idle = sum(s.get("pool_available", 0) for s in stats)
-            self.pool_connections.set(size)
-            self.pool_idle.set(idle)
-            self.pool_in_use.set(max(size - idle, 0))
-            self.pool_max.set(sum(s.get("pool_max", 0) for s in stats))
-            self.pool_waiting.set(sum(s.get("requests_waiting", 0) for s in stats))
-            self.pool_requests.inc(sum(s.get("requests_num", 0) for s in stats))
-            self.pool_queued.inc(sum(s.get("requests_queued", 0) for s in stats))
-            self.pool_wait_seconds.inc(sum(s.get("requests_wait_ms", 0) for s in stats) / 1000)
-            self.pool_errors.inc(sum(s.get("requests_errors", 0) for s in stats))
             held = held_stats(pop=True)
-            self.held_scopes.set(held.scopes)
-            self.held_facts.set(held.facts)
-            self.held_bytes.set(held.array_bytes)
-            self.held_full_reads.inc(held.full_reads)
-            self.held_appends.inc(held.appends)
-            self.held_dropped.inc(held.dropped)
+
+            def total(key: str) -> float:
+                return float(sum(s.get(key, 0) for s in stats))
+
+            size, idle = total("pool_size"), total("pool_available")
+            gauges = {
+                "osa_memory_db_pool_connections": size,
+                "osa_memory_db_pool_idle": idle,
+                "osa_memory_db_pool_in_use": max(size - idle, 0),
+                "osa_memory_db_pool_max": total("pool_max"),
+                "osa_memory_db_pool_waiting": total("requests_waiting"),
+                "osa_memory_held_scopes": held.scopes,
+                "osa_memory_held_facts": held.facts,
+                "osa_memory_held_bytes": held.array_bytes,
+            }
+            counts = {
+                "osa_memory_db_pool_requests_total": total("requests_num"),
+                "osa_memory_db_pool_requests_queued_total": total("requests_queued"),
+                "osa_memory_db_pool_wait_seconds_total": total("requests_wait_ms") / 1000,
+                "osa_memory_db_pool_request_errors_total": total("requests_errors"),
+                "osa_memory_held_full_reads_total": held.full_reads,
+                "osa_memory_held_appends_total": held.appends,
+                "osa_memory_held_dropped_total": held.dropped,
+            }
+            for name, value in gauges.items():
+                self.gauges[name].set(value)
+            for name, value in counts.items():
+                self.counters[name].inc(value)
 
     def _sample_forever(self) -> None:
         while not self._stop.wait(POOL_SAMPLE_SECONDS):
