@@ -143,7 +143,7 @@ class PackedTerms:
         self._order: npt.NDArray[np.int64] | None = None
 
     def index(self) -> PackedTerms:
-        """Sort the lexemes once (for a scope matched against many queries): `counts` then finds each query
+        """Sort the lexemes once (for a scope matched against many queries): `counts_by_term` then finds each query
         term's holders by binary search instead of comparing every lexeme of the scope."""
         self._order = np.argsort(self.hashes, kind="stable")
         self._sorted = self.hashes[self._order]
@@ -178,13 +178,9 @@ class PackedTerms:
         out.often, out.hashes, out.rows = self.often[held], self.hashes[held], renumber[self.rows[held]]
         return out
 
-    def counts(self, query_terms: Sequence[int]) -> Floats:
-        """``f[i, t]``: how often fact ``i`` holds query term ``t`` (the ``t``-th of ``query_terms``)."""
-        return self.counts_by_term(query_terms).T
-
     def counts_by_term(self, query_terms: Sequence[int]) -> Floats:
-        """`counts` transposed, ``f[t, i]``, in C order: one contiguous row of facts per query term, which
-        is how ranking walks it."""
+        """``f[t, i]``: how often fact ``i`` holds query term ``t`` (the ``t``-th of ``query_terms``), in C
+        order: one contiguous row of facts per query term, which is how ranking walks it."""
         f: Floats = np.zeros((len(query_terms), self.n), dtype=np.float64)
         if not len(query_terms) or not self.hashes.shape[0]:
             return f
@@ -208,7 +204,7 @@ def term_counts(terms: Sequence[bytes | None] | PackedTerms, query_terms: Sequen
     :raises ValueError: a packed value is not 8 bytes long, or a count is 0.
     """
     packed = terms if isinstance(terms, PackedTerms) else PackedTerms(terms)
-    return packed.counts(query_terms)
+    return packed.counts_by_term(query_terms).T
 
 
 @dataclass(frozen=True)

@@ -250,7 +250,8 @@ class ScopeCache:
         self._scopes: OrderedDict[tuple[str, str], HeldScope] = OrderedDict()
         self._stripes = [threading.Lock() for _ in range(LOCK_STRIPES)]
         self._lock = threading.Lock()
-        #: Counters for tests and metrics: full reads, appends, facts dropped when their text fetch refused them.
+        #: This cache's full reads, appends, and facts dropped when their text fetch refused them (the
+        #: process-wide counts the metrics pop are kept apart, by `_note`: caches come and go with repositories).
         self.full_reads = 0
         self.appends = 0
         self.dropped = 0
