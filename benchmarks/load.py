@@ -40,7 +40,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,12 +48,14 @@ from typing import Any
 import httpx
 import numpy as np
 import psutil
+import psycopg
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from scale import machine_info  # benchmarks/ is on sys.path when a benchmark runs as a script
+from wrk_driver import WrkResult, remove_worktree, run_wrk, worktree
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
 from haystack_osa_memory.store.database import scratch_database
@@ -229,9 +231,10 @@ def _client_process(
 class RssSampler(threading.Thread):
     """Peak RSS of the ``serve`` process and its children that are not PostgreSQL."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, postmaster: int | None = None) -> None:
         super().__init__(daemon=True)
         self.pid = pid
+        self.postmaster = postmaster  # count only this cluster's processes (else every postgres of the machine)
         self.peak = 0.0
         self._stop_event = threading.Event()
 
@@ -256,9 +259,15 @@ class RssSampler(threading.Thread):
             serve = {root.pid, *(p.pid for p in root.children(recursive=True))}
         except psutil.Error:
             serve = set()
+        cluster: set[int] | None = None
+        if self.postmaster is not None:
+            with suppress(psutil.Error):
+                root_pg = psutil.Process(self.postmaster)
+                cluster = {root_pg.pid, *(c.pid for c in root_pg.children(recursive=True))}
         for p in psutil.process_iter(["name"]):
             with suppress(psutil.Error):
-                kind = "postgres" if "postgres" in (p.info["name"] or "") else "server" if p.pid in serve else None
+                is_pg = p.pid in cluster if cluster is not None else "postgres" in (p.info["name"] or "")
+                kind = "postgres" if is_pg else "server" if p.pid in serve else None
                 if kind:
                     t = p.cpu_times()
                     totals[(kind, p.pid)] = t.user + t.system
@@ -281,20 +290,27 @@ class RssSampler(threading.Thread):
 
 
 @contextmanager
-def serve(config: MemoryConfig, conn_str: str, workers: int | None, embedder: str) -> Iterator[tuple[str, int]]:
-    """``osa-memory serve`` on a free loopback port: yields (MCP URL, pid)."""
+def serve(
+    config: MemoryConfig, conn_str: str, workers: int | None, embedder: str, extra_env: dict[str, str] | None = None
+) -> Iterator[tuple[str, int]]:
+    """``osa-memory serve`` on a free loopback port: yields (MCP URL, pid). ``extra_env`` (e.g. ``PYTHONPATH``
+    naming a checkout of another revision) is added to its environment."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    env = dict(os.environ) | {
-        "PG_CONN_STR": conn_str,
-        "OSA_MEMORY_KB_SCHEMA": config.kb_schema,
-        "OSA_MEMORY_SCHEMA": config.memory_schema,
-        "OSA_MEMORY_EMBEDDER": embedder,
-        "PYTHONUNBUFFERED": "1",
-    }
+    env = (
+        dict(os.environ)
+        | {
+            "PG_CONN_STR": conn_str,
+            "OSA_MEMORY_KB_SCHEMA": config.kb_schema,
+            "OSA_MEMORY_SCHEMA": config.memory_schema,
+            "OSA_MEMORY_EMBEDDER": embedder,
+            "PYTHONUNBUFFERED": "1",
+        }
+        | (extra_env or {})
+    )
     command = [*OSA_MEMORY, "serve", "--port", str(port), "--log-level", "warning"]
     if workers is not None:
         command += ["--workers", str(workers)]
@@ -466,6 +482,205 @@ def plot(report: Report, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+# -- the wrk driver (--driver wrk) -----------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Seeds a schema with the package found first on sys.path (a baseline checkout's, under --compare), through
+# the API both revisions share; prints one token per assignment as JSON.
+SEED_SCRIPT = """
+import json, random, sys
+sys.path.insert(0, sys.argv[1])
+from load import fact_text, tag
+from haystack_osa_memory import Caller, Memory, MemoryConfig
+from haystack_osa_memory.store.schema import ensure_schema
+from haystack_osa_memory.store.tokens import TokenStore
+from haystack_osa_memory.transfer import ImportItem
+conn, kb, mem, embedder, assignments, facts = sys.argv[2:8]
+config = MemoryConfig(pg_conn_str=conn, kb_schema=kb, memory_schema=mem, embedder=embedder)
+ensure_schema(conn, config)
+memory = Memory(config, use_default_embedders=embedder != "none")
+tokens = TokenStore(conn, config)
+rnd = random.Random(7)
+out = []
+for a in range(int(assignments)):
+    caller = Caller(org_id=f"load-org-{a % 2}", assignment_id=f"asg-{a:03d}")
+    items = [ImportItem(fact_text(a, n, rnd), f"seed:{n}", topic="load") for n in range(int(facts))]
+    memory.import_items(items, caller=caller)
+    out.append(tokens.create(org_id=f"load-org-{a % 2}", assignment_id=f"asg-{a:03d}").token)
+print("TOKENS " + json.dumps(out))
+"""
+
+
+@dataclass
+class WrkPhase:
+    server: str
+    phase: str
+    connections: int
+    result: WrkResult
+    server_cpu_ms: float
+    postgres_cpu_ms: float
+    pss_mib: dict[str, float]
+
+
+def seed_with(
+    revision_path: Path | None, conn_str: str, config: MemoryConfig, assignments: int, facts: int
+) -> list[str]:
+    """Seed ``config``'s schema in a subprocess whose package is the one at ``revision_path`` (else ours)."""
+    env = dict(os.environ) | {"PG_CONN_STR": conn_str}
+    if revision_path is not None:
+        env["PYTHONPATH"] = str(revision_path)
+    argv = [sys.executable, "-c", SEED_SCRIPT, str(Path(__file__).parent), conn_str, config.kb_schema]
+    argv += [config.memory_schema, config.embedder, str(assignments), str(facts)]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("TOKENS ")), None)
+    if done.returncode != 0 or line is None:
+        raise RuntimeError(f"seeding failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    return list(json.loads(line.removeprefix("TOKENS ")))
+
+
+def pss_by_process(pid: int) -> dict[str, float]:
+    """PSS (MiB) of the serve process and each of its children that is not PostgreSQL."""
+    out: dict[str, float] = {}
+    with suppress(psutil.Error):
+        root = psutil.Process(pid)
+        for p in [root, *root.children(recursive=True)]:
+            with suppress(psutil.Error):
+                if "postgres" not in p.name():
+                    label = "serve" if p.pid == pid else f"worker {p.pid}"
+                    out[label] = round(p.memory_full_info().pss / 2**20, 1)
+    return out
+
+
+def postmaster_pid(conn_str: str) -> int | None:
+    """The pid of the cluster's postmaster (first line of postmaster.pid in its data directory)."""
+    with suppress(Exception), psycopg.connect(conn_str) as conn:
+        row = conn.execute("SHOW data_directory").fetchone()
+        if row:
+            return int((Path(row[0]) / "postmaster.pid").read_text().split()[0])
+    return None
+
+
+def run_wrk_phase(
+    server: str, url: str, pid: int, tokens: list[str], phase: str, connections: int, duration: float, conn_str: str
+) -> WrkPhase:
+    sampler = RssSampler(pid, postmaster_pid(conn_str))
+    before = sampler.cpu()
+    result = run_wrk(url, tokens, [tag(a) for a in range(len(tokens))], phase, connections, duration)
+    after = sampler.cpu()
+    calls = max(result.requests, 1)
+    return WrkPhase(
+        server=server,
+        phase=phase,
+        connections=connections,
+        result=result,
+        server_cpu_ms=round(1000 * RssSampler.spent(before, after, "server") / calls, 2),
+        postgres_cpu_ms=round(1000 * RssSampler.spent(before, after, "postgres") / calls, 2),
+        pss_mib=pss_by_process(pid),
+    )
+
+
+def print_wrk(rows: list[WrkPhase], baseline: str | None) -> None:
+    table = Table(title="osa-memory serve driven by wrk (raw JSON-RPC tools/call, stateless)")
+    for col in (
+        "server",
+        "phase",
+        "conns",
+        "calls/s",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "errors",
+        "cross-scope",
+        "CPU ms/call: server",
+        "postgres",
+        "PSS MiB (sum)",
+    ):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            r.server,
+            r.phase,
+            str(r.connections),
+            f"{r.result.per_second:.1f}",
+            *(f"{r.result.latency_ms[q]:.1f}" for q in ("p50", "p90", "p99")),
+            str(r.result.errors),
+            str(r.result.cross_scope),
+            f"{r.server_cpu_ms:.2f}",
+            f"{r.postgres_cpu_ms:.2f}",
+            f"{sum(r.pss_mib.values()):.0f}",
+        )
+    console.print(table)
+    if baseline is None:
+        return
+    ratios = Table(title=f"current / {baseline} (same run)")
+    for col in ("phase", "conns", "calls/s", "p99 ms", "CPU ms/call (server + postgres)"):
+        ratios.add_column(col, justify="right")
+    for r in rows:
+        if r.server != "current":
+            continue
+        old = next(
+            (o for o in rows if o.server == baseline and (o.phase, o.connections) == (r.phase, r.connections)), None
+        )
+        if old is None:
+            continue
+        ratio = (r.server_cpu_ms + r.postgres_cpu_ms) / max(old.server_cpu_ms + old.postgres_cpu_ms, 1e-9)
+        ratios.add_row(
+            r.phase,
+            str(r.connections),
+            f"{r.result.per_second / max(old.result.per_second, 1e-9):.2f}x",
+            f"{r.result.latency_ms['p99'] / max(old.result.latency_ms['p99'], 1e-9):.2f}x",
+            f"{ratio:.2f}x",
+        )
+    console.print(ratios)
+
+
+def main_wrk(args: argparse.Namespace, report: Report) -> list[WrkPhase]:
+    connections = [int(c) for c in args.connections.split(",") if c]
+    phases = [p for p in args.phases.split(",") if p]
+    rows: list[WrkPhase] = []
+    checkout = worktree(args.compare, REPO) if args.compare else None
+    try:
+        with scratch_database(prefix="osa-load-") as conn_str:
+            servers: list[tuple[str, Path | None]] = [("current", None)]
+            if checkout is not None:
+                servers.insert(0, (args.compare, checkout))
+            seeded = []
+            for label, path in servers:
+                suffix = uuid.uuid4().hex[:8]
+                config = MemoryConfig(
+                    pg_conn_str=conn_str,
+                    kb_schema=f"load_kb_{suffix}",
+                    memory_schema=f"load_mem_{suffix}",
+                    embedder=args.embedder,
+                )
+                console.print(f"seeding {label}: {args.assignments} assignments x {args.facts} facts ...")
+                tokens = seed_with(path, conn_str, config, args.assignments, args.facts)
+                seeded.append((label, path, config, tokens))
+            with ExitStack() as stack:
+                running = []
+                for label, path, config, tokens in seeded:
+                    env = {"PYTHONPATH": str(path)} if path is not None else None
+                    url, pid = stack.enter_context(serve(config, conn_str, args.workers, args.embedder, env))
+                    running.append((label, url, pid, tokens))
+                for phase in phases:
+                    for conns in connections:
+                        for label, url, pid, tokens in running:  # side by side: one server, then the other
+                            console.print(f"{label}: {phase}, {conns} connections for {args.duration:.0f} s ...")
+                            rows.append(run_wrk_phase(label, url, pid, tokens, phase, conns, args.duration, conn_str))
+    finally:
+        if checkout is not None:
+            remove_worktree(checkout, REPO)
+    print_wrk(rows, args.compare)
+    for r in rows:
+        console.print(f"{r.server} {r.phase} x{r.connections} PSS MiB per process: {r.pss_mib}")
+    report.results = []  # the wrk rows are written instead
+    if args.json:
+        payload = asdict(report) | {"wrk": [asdict(r) for r in rows]}
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> Report:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--clients", type=int, default=32)
@@ -481,6 +696,16 @@ def main(argv: list[str] | None = None) -> Report:
     parser.add_argument("--phases", default="recall,store")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None)
+    parser.add_argument(
+        "--driver",
+        choices=["mcp", "wrk"],
+        default="mcp",
+        help="mcp: official MCP client sessions; wrk: raw JSON-RPC posts from wrk (near-free client).",
+    )
+    parser.add_argument("--connections", default="1,32", help="wrk connection counts, e.g. 1,32 (--driver wrk).")
+    parser.add_argument(
+        "--compare", default=None, metavar="REV", help="Also serve a checkout of REV, side by side (--driver wrk)."
+    )
     args = parser.parse_args(argv)
     if min(args.clients, args.assignments, args.client_processes) < 1 or args.facts < 0 or args.duration <= 0:
         parser.error("--clients, --assignments and --client-processes must be >= 1, --facts >= 0, --duration > 0")
@@ -493,6 +718,9 @@ def main(argv: list[str] | None = None) -> Report:
         {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "client_counts": counts},
         time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
+    if args.driver == "wrk":
+        main_wrk(args, report)
+        return report
     with scratch_database(prefix="osa-load-") as conn_str:
         suffix = uuid.uuid4().hex[:8]
         config = MemoryConfig(

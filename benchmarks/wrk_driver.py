@@ -1,0 +1,195 @@
+"""A near-free load generator for ``load.py --driver wrk``: wrk (C, one Lua state per thread) posts raw
+JSON-RPC ``tools/call`` requests to ``osa-memory serve`` in stateless streamable HTTP (no session, no
+``initialize``), so almost all the CPU a run spends is the server's and PostgreSQL's.
+
+The Lua script picks an assignment per request, sends its token and a query naming the assignment's tag
+word, and puts the assignment in the JSON-RPC ``id`` (the answer echoes it): an answer holding another
+assignment's tag word is a cross-scope answer. Tool errors (``isError``), HTTP errors and socket errors
+count as errors. wrk's own percentiles (``--latency``) give p50/p90/p99.
+
+Side by side: ``--compare REV`` serves a checkout of REV (a git worktree; ``PYTHONPATH`` puts its package
+first) beside the current code, seeded alike, and each phase runs on one server then the other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+WRK = "wrk"
+THREADS = 2
+
+# Words the queries are drawn from (the seeded facts use the same vocabulary, load.fact_text).
+LUA = r"""
+local tokens = {TOKENS}
+local tags = {TAGS}
+local phase = "{PHASE}"
+local subjects = {"staging", "billing", "search", "ingest", "auth", "reports", "mobile", "gateway", "scheduler",
+                  "ledger"}
+local things = {"VPN profile", "cache bucket", "deploy window", "feature flag", "runbook", "on-call rota", "db replica"}
+local verbs = {"uses", "needs", "moved to", "depends on", "is pinned to", "was switched to"}
+local threads = {}
+local counter = 0
+thread_id = 0  -- set per thread by setup() (a global: thread:set writes globals)
+calls, errors, cross, http_errors = 0, 0, 0, 0
+
+function setup(thread)
+  thread:set("thread_id", #threads + 1)
+  table.insert(threads, thread)
+end
+
+function init(args)
+  math.randomseed(os.time() + thread_id * 7919)
+end
+
+local function pick(list) return list[math.random(#list)] end
+
+function request()
+  counter = counter + 1
+  local a = math.random(#tokens)
+  local id = a * 100000000 + thread_id * 1000000 + counter
+  local arguments
+  if phase == "recall" then
+    arguments = string.format('{"query": "%s which %s does %s use?", "limit": 8}', tags[a], pick(things),
+      pick(subjects))
+  else
+    arguments = string.format('{"fact": "%s: %s %s %s value-%d (wrk %d-%d)"}', tags[a], pick(subjects), pick(things),
+      pick(verbs), math.random(1000000), thread_id, counter)
+  end
+  local tool = phase == "recall" and "kb_memory_recall" or "kb_memory_store"
+  local body = string.format(
+    '{"jsonrpc": "2.0", "id": %d, "method": "tools/call", "params": {"name": "%s", "arguments": %s}}',
+    id, tool, arguments)
+  return wrk.format("POST", nil, {
+    ["Authorization"] = "Bearer " .. tokens[a],
+    ["Content-Type"] = "application/json",
+    ["Accept"] = "application/json, text/event-stream",
+  }, body)
+end
+
+function response(status, headers, body)
+  calls = calls + 1
+  if status ~= 200 then
+    http_errors = http_errors + 1
+    return
+  end
+  if string.find(body, '"isError":true', 1, true) or string.find(body, '"error":', 1, true) then
+    errors = errors + 1
+    return
+  end
+  local id = tonumber(string.match(body, '"id":(%d+)'))
+  if id == nil then
+    errors = errors + 1
+    return
+  end
+  local own = tags[math.floor(id / 100000000)]
+  for word in string.gmatch(body, "zq%d%d%dtag") do
+    if word ~= own then
+      cross = cross + 1
+      return
+    end
+  end
+end
+
+function done(summary, latency, requests)
+  local c, e, x, h = 0, 0, 0, 0
+  for _, t in ipairs(threads) do
+    c = c + t:get("calls")
+    e = e + t:get("errors")
+    x = x + t:get("cross")
+    h = h + t:get("http_errors")
+  end
+  io.write("WRK_JSON ")
+  io.write(string.format(
+    '{"requests": %d, "duration_us": %d, "socket_errors": %d, "calls": %d, "tool_errors": %d, "cross_scope": %d, ' ..
+    '"http_errors": %d, "p50_us": %d, "p90_us": %d, "p99_us": %d, "mean_us": %d}\n',
+    summary.requests, summary.duration,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
+    c, e, x, h, latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.mean))
+end
+"""
+
+
+def ensure_wrk() -> str:
+    """The wrk binary, installed from Debian's packages when missing (the benchmark's set-up)."""
+    found = shutil.which(WRK)
+    if found:
+        return found
+    if os.geteuid() != 0:
+        raise SystemExit("wrk is not installed: run `apt-get install -y wrk` (Debian) and try again")
+    subprocess.run(["apt-get", "update", "-qq"], check=True)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", "wrk"], check=True, env=os.environ | {"DEBIAN_FRONTEND": "noninteractive"}
+    )
+    found = shutil.which(WRK)
+    if not found:
+        raise SystemExit("wrk could not be installed")
+    return found
+
+
+def lua_script(tokens: list[str], tags: list[str], phase: str) -> str:
+    def lua_list(values: list[str]) -> str:
+        return "{" + ", ".join(json.dumps(v) for v in values) + "}"
+
+    return LUA.replace("{TOKENS}", lua_list(tokens)).replace("{TAGS}", lua_list(tags)).replace("{PHASE}", phase)
+
+
+@dataclass
+class WrkResult:
+    requests: int
+    seconds: float
+    per_second: float
+    latency_ms: dict[str, float]
+    errors: int
+    cross_scope: int
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def run_wrk(url: str, tokens: list[str], tags: list[str], phase: str, connections: int, duration: float) -> WrkResult:
+    """One wrk run; the answer counts come from the script's ``done`` (every thread's counters)."""
+    binary = ensure_wrk()
+    with tempfile.TemporaryDirectory(prefix="osa-wrk-") as tmp:
+        script = Path(tmp) / "load.lua"
+        script.write_text(lua_script(tokens, tags, phase))
+        threads = max(1, min(THREADS, connections))
+        command = [binary, f"-t{threads}", f"-c{connections}", f"-d{duration:.0f}s", "--timeout", "30s"]
+        command += ["--latency", "-s", str(script), url]
+        done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=duration + 120)
+    match = re.search(r"^WRK_JSON (\{.*\})$", done.stdout, re.MULTILINE)
+    if done.returncode != 0 or match is None:
+        raise RuntimeError(f"wrk failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    data = json.loads(match.group(1))
+    seconds = data["duration_us"] / 1e6
+    errors = data["socket_errors"] + data["tool_errors"] + data["http_errors"]
+    return WrkResult(
+        requests=data["calls"],
+        seconds=round(seconds, 2),
+        per_second=round(data["calls"] / seconds, 1) if seconds else 0.0,
+        latency_ms={q: round(data[f"{q}_us"] / 1000, 1) for q in ("p50", "p90", "p99", "mean")},
+        errors=errors,
+        cross_scope=data["cross_scope"],
+        detail=data,
+    )
+
+
+def worktree(rev: str, repo: Path) -> Path:
+    """A checkout of ``rev`` beside the work tree (removed by `remove_worktree`)."""
+    target = Path(tempfile.mkdtemp(prefix="osa-baseline-"))
+    subprocess.run(
+        ["git", "-C", str(repo), "worktree", "add", "--detach", str(target), rev], check=True, capture_output=True
+    )
+    return target
+
+
+def remove_worktree(path: Path, repo: Path) -> None:
+    subprocess.run(
+        ["git", "-C", str(repo), "worktree", "remove", "--force", str(path)], check=False, capture_output=True
+    )
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,119 @@
+"""The wrk driver of the load benchmark (benchmarks/load.py --driver wrk).
+
+Its answer checks are tested against a small local HTTP server that answers what we tell it (a clean
+answer, another assignment's fact, a tool error, an HTTP error), so a driver that stopped seeing leaks or
+errors fails here; then a real `serve --workers 2`, lexical, is driven at 1 and 4 connections and every
+figure the benchmark prints must be there and plausible.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
+
+HARNESS = REPO / "benchmarks" / "load.py"
+sys.path.insert(0, str(REPO / "benchmarks"))
+from wrk_driver import run_wrk  # noqa: E402
+
+
+class Answers(BaseHTTPRequestHandler):
+    mode = "clean"
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        tool_args = body["params"]["arguments"]
+        own = (tool_args.get("query") or tool_args["fact"]).split()[0].rstrip(":")
+        fact = {"clean": own, "leak": "zq999tag"}.get(self.mode, own)
+        result = {"content": [{"type": "text", "text": f"{fact} fact"}], "isError": self.mode == "tool-error"}
+        status = 500 if self.mode == "http-error" else 200
+        payload = json.dumps({"jsonrpc": "2.0", "id": body["id"], "result": result}, separators=(",", ":"))
+        data = f"event: message\r\ndata: {payload}\r\n\r\n".encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        return
+
+
+@pytest.fixture
+def answers() -> Iterator[tuple[str, type[Answers]]]:
+    handler = type("Handler", (Answers,), {})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/mcp", handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("mode", "errors", "cross"),
+    [("clean", False, False), ("leak", False, True), ("tool-error", True, False), ("http-error", True, False)],
+)
+def test_wrk_driver_sees_leaks_and_errors(
+    answers: tuple[str, type[Answers]], mode: str, errors: bool, cross: bool
+) -> None:
+    url, handler = answers
+    handler.mode = mode
+    tags = ["zq000tag", "zq001tag"]
+    result = run_wrk(url, ["token-a", "token-b"], tags, "recall", 2, 1)
+    assert result.requests > 0
+    assert (result.errors > 0) is errors, result
+    assert (result.cross_scope > 0) is cross, result
+    if mode == "leak":
+        assert result.cross_scope == result.requests
+
+
+def test_load_benchmark_wrk_smoke(pg_conn_str: str, tmp_path: Path) -> None:
+    out = tmp_path / "load.json"
+    command = [
+        sys.executable,
+        str(HARNESS),
+        "--driver", "wrk",
+        "--connections", "1,4",
+        "--assignments", "3",
+        "--facts", "20",
+        "--duration", "3",
+        "--workers", "2",
+        "--embedder", "none",
+        "--json", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "PG_CONN_STR": pg_conn_str}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = json.loads(out.read_text())["wrk"]
+    assert [(r["phase"], r["connections"]) for r in rows] == [
+        ("recall", 1),
+        ("recall", 4),
+        ("store", 1),
+        ("store", 4),
+    ]
+    for r in rows:
+        result = r["result"]
+        assert result["requests"] > 0, r
+        assert result["errors"] == 0, r
+        assert result["cross_scope"] == 0, r
+        assert 0 < result["latency_ms"]["p50"] <= result["latency_ms"]["p90"] <= result["latency_ms"]["p99"], r
+        assert r["server_cpu_ms"] > 0, r
+        assert r["postgres_cpu_ms"] > 0, r
+        # serve, its two workers (and uvicorn's small helper process), each measured
+        assert len(r["pss_mib"]) >= 3, r
+        assert sum(v > 100 for v in r["pss_mib"].values()) >= 2, r
+    assert "calls/s" in done.stdout
