@@ -20,8 +20,11 @@ queue as `Memory`'s offline buffer: appended with fsync, mode 0600, under a lock
 bridge process using it; a torn line left by a crash is skipped and kept. On start-up, on every
 successful remote call, and every `retry_interval` seconds while items are pending, this token's items
 are sent in order (one bridge process at a time), each removed by an atomic rewrite (temporary file,
-fsync, rename) as soon as the server acknowledged it; the flush stops at the first refusal (an
-`isError` answer) and keeps that item and the rest. A 401 means this
+fsync, rename) as soon as the server acknowledged it. The flush never stops at one item: an item the
+server refuses because its scope is switched off (`Memory is off for this assignment`) is kept, with the
+later items of the same assignment so that their order holds, and sent once the switch is back on; any
+other refusal (an `isError` answer: bad arguments, a secret) can never succeed, so the item moves to
+`<buffer>.rejected` with the refusal as its reason and the flush goes on. A 401 means this
 token is invalid, revoked or expired: none of its items may ever be sent, so they move to
 `<buffer>.rejected` (same format plus `rejected_at` and `rejected_reason`, mode 0600) and are counted
 by `kb_memory_bridge_status` as `rejected`, kept there for an operator, never sent. An item
@@ -60,6 +63,7 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import McpError
 
 from haystack_osa_memory.durable_queue import DurableQueue, rank, replace_atomically
+from haystack_osa_memory.errors import MemoryOffError
 
 logger = logging.getLogger("haystack_osa_memory.mcp.stdio_bridge")  # also when run as __main__
 
@@ -71,14 +75,18 @@ QUEUED_TOOLS = frozenset({"kb_memory_store", "kb_memory_propose"})
 RECALL_TOOL = "kb_memory_recall"
 STATUS_TOOL = "kb_memory_bridge_status"
 RECALL_DEFAULT_LIMIT = 8
+# Refusals that may pass (the server's wording for a kill switch, a database that did not answer, an internal
+# error): the item and its assignment's later ones are kept. Any other refusal can never succeed.
+WAIT_REFUSALS = (MemoryOffError.MESSAGE, "retry later", "database error", "did not answer", "internal error")
 RECALL_MAX_LIMIT = 20
 
 STATUS_TOOL_DEFINITION = types.Tool(
     name=STATUS_TOOL,
     description=(
         "Status of the local osa-memory stdio bridge: whether the memory server is reachable, how many of "
-        "your stores are queued locally waiting to be sent, and which queued item the server refused, if "
-        "any. Sends the queued items when the server is reachable."
+        "your stores are queued locally waiting to be sent, which one waits because its assignment is "
+        "switched off (blocked_by), and how many the server refused for good (rejected, set aside). Sends "
+        "the queued items when the server is reachable."
     ),
     inputSchema={"type": "object", "properties": {}, "additionalProperties": False},
 )
@@ -207,7 +215,7 @@ class BridgeBuffer:
         return self.queue.reject({item["id"] for item in self.pending()}, reason)
 
     def rejected(self) -> int:
-        """How many of this token's items were set aside because the server refused the token."""
+        """How many of this token's items were set aside: the server refused the token, or refused the item for good."""
         return len(self._mine(self.queue.rejected()))
 
     # recall from the buffer ------------------------------------------------------------------
@@ -427,7 +435,9 @@ class Bridge:
             raise LocalBufferError(msg) from e
 
     async def _flush(self, session: ClientSession) -> int:
-        """Send this token's queued items in order; stop at the first refusal. Returns how many were sent."""
+        """Send this token's queued items in order, never stopping at one item: a refusal that may pass (see
+        WAIT_REFUSALS) keeps the item and its assignment's later items for a later flush; any other refusal sets
+        the item aside. Returns how many were sent."""
         async with self._flush_lock:
             claim = await self._local(self.buffer.queue.try_claim)
             if claim is None:
@@ -436,8 +446,13 @@ class Bridge:
             try:
                 items = await self._local(self.buffer.pending)
                 sent = 0
+                held: set[str] = set()  # assignments switched off: their later items wait too
+                blocked: dict[str, Any] | None = None
                 for item in items:
                     arguments = dict(item.get("arguments") or {})
+                    scope = str(arguments.get("assignment") or "")
+                    if scope in held:
+                        continue
                     queued_at = item.get("queued_at")
                     if item.get("tool") == "kb_memory_store" and not arguments.get("valid_from") and queued_at:
                         # A queued fact holds from when the agent stored it, not from when the buffer drains.
@@ -445,26 +460,29 @@ class Bridge:
                     result = await self._call_remote(session, str(item.get("tool")), arguments)
                     if result.isError:
                         refusal = "".join(getattr(c, "text", "") for c in result.content)[:2000]
-                        blocked = {
-                            "queue_id": item["id"],
-                            "tool": item.get("tool"),
-                            "queued_at": item.get("queued_at"),
-                            "refusal": refusal,
-                        }
-                        repeated, self.blocked = blocked == self.blocked, blocked
-                        logger.log(
-                            logging.DEBUG if repeated else logging.WARNING,
-                            "the server refused queued item %s (%s): %s; flush stopped, %d item(s) kept",
+                        if any(marker in refusal for marker in WAIT_REFUSALS):
+                            held.add(scope)
+                            blocked = blocked or {
+                                "queue_id": item["id"],
+                                "tool": item.get("tool"),
+                                "queued_at": item.get("queued_at"),
+                                "refusal": refusal,
+                            }
+                            continue
+                        await self._local(self.buffer.queue.reject, {item["id"]}, f"the server refused it: {refusal}")
+                        logger.warning(
+                            "the server refused queued item %s (%s); set aside in %s",
                             item["id"],
                             item.get("tool"),
-                            refusal,
-                            len(items) - sent,
+                            self.buffer.rejected_path,
                         )
-                        return sent
+                        continue
                     left = await self._local(self.buffer.remove, item["id"])
                     sent += 1
                     logger.info("sent queued item %s (%s); %d left", item["id"], item.get("tool"), left)
-                self.blocked = None
+                repeated, self.blocked = blocked == self.blocked, blocked
+                if blocked is not None and not repeated:
+                    logger.warning("queued items the server refused for now are kept for a later flush")
                 return sent
             finally:
                 claim.release()

@@ -279,7 +279,7 @@ def test_the_bridge_reconnects_by_itself_flushes_and_announces_the_tools(server:
     assert [f["content"] for f in recalled["facts"]] == [fact]
 
 
-def test_a_refusal_stops_the_flush_and_keeps_the_rest(server: Server, tmp_path: Path) -> None:
+def test_a_refused_item_is_set_aside_and_the_flush_goes_on(server: Server, tmp_path: Path) -> None:
     token = server.token("asg-bridge-refusal")["token"]
     buffer = tmp_path / "bridge-buffer.jsonl"
     queue = BridgeBuffer(buffer, token_fingerprint(token))
@@ -289,30 +289,66 @@ def test_a_refusal_stops_the_flush_and_keeps_the_rest(server: Server, tmp_path: 
     other = BridgeBuffer(buffer, token_fingerprint("someone-else"))
     foreign, _ = other.append("kb_memory_store", {"fact": "Refusalcase delta: another token's item"})
 
-    async def session_steps(session: ClientSession) -> tuple[Any, Any, Any]:
-        status = payload(await session.call_tool(STATUS_TOOL, {}))
-        live = payload(await session.call_tool("kb_memory_store", {"fact": "Refusalcase epsilon: stored live"}))
-        status_after = payload(await session.call_tool(STATUS_TOOL, {}))
-        return status, live, status_after
+    async def session_steps(session: ClientSession) -> Any:
+        return payload(await session.call_tool(STATUS_TOOL, {}))
 
-    status, live, status_after = with_bridge(server.url, token, buffer, session_steps)
+    status = with_bridge(server.url, token, buffer, session_steps)
     assert status["remote"] == "ok"
-    assert status["pending"] == 2
-    assert [i["queue_id"] for i in status["pending_items"]] == [bad["id"], third["id"]]
-    assert status["blocked_by"]["queue_id"] == bad["id"]
-    assert "fact" in status["blocked_by"]["refusal"]
+    # the item that can never be stored is set aside with the server's refusal; the one after it was sent
+    assert status["pending"] == 0
+    assert status["rejected"] == 1
+    assert status["blocked_by"] is None
+    rejected = [json.loads(line) for line in Path(f"{buffer}.rejected").read_text().splitlines() if line.strip()]
+    assert [r["id"] for r in rejected] == [bad["id"]]
+    assert "fact" in rejected[0]["rejected_reason"]
     assert "other_tokens_pending" not in status  # other tokens' queues are not the caller's business
-    # the server answers live calls while the queue waits for a human
-    assert live["stored"] is True
-    assert status_after["pending"] == 2
-    # the file: the refused item and the rest, in order; the other token's item untouched
-    assert [i["id"] for i in buffer_items(buffer)] == [bad["id"], third["id"], foreign["id"]]
+    # the file: only the other token's item is left, untouched
+    assert [i["id"] for i in buffer_items(buffer)] == [foreign["id"]]
     _, recalled = call(server.url, token, "kb_memory_recall", {"query": "refusalcase", "limit": 10})
     contents = {f["content"] for f in recalled["facts"]}
     assert "Refusalcase alpha: the first item is valid" in contents
-    assert "Refusalcase epsilon: stored live" in contents
-    assert not any("gamma" in c or "delta" in c or "beta" in c for c in contents)
-    assert first["id"] not in {i["id"] for i in buffer_items(buffer)}
+    assert "Refusalcase gamma: the third item is valid" in contents
+    assert not any("delta" in c or "beta" in c for c in contents)
+    assert {first["id"], third["id"]}.isdisjoint({i["id"] for i in buffer_items(buffer)})
+
+
+def test_a_switched_off_assignment_keeps_its_items_and_the_others_go_on(server: Server, tmp_path: Path) -> None:
+    token = server.token("asg-bridge-on", "acme", "--assignment", "asg-bridge-off")["token"]
+    buffer = tmp_path / "bridge-buffer.jsonl"
+    queue = BridgeBuffer(buffer, token_fingerprint(token))
+    off_first, _ = queue.append(
+        "kb_memory_store", {"fact": "Switchcase one: kept while off", "assignment": "asg-bridge-off"}
+    )
+    on_item, _ = queue.append(
+        "kb_memory_store", {"fact": "Switchcase two: sent meanwhile", "assignment": "asg-bridge-on"}
+    )
+    off_second, _ = queue.append(
+        "kb_memory_store", {"fact": "Switchcase three: after the first", "assignment": "asg-bridge-off"}
+    )
+    assert server.cli("assignment", "disable", "asg-bridge-off", "--org", "acme").returncode == 0
+
+    async def status_of(session: ClientSession) -> Any:
+        return payload(await session.call_tool(STATUS_TOOL, {}))
+
+    status = with_bridge(server.url, token, buffer, status_of)
+    assert status["pending"] == 2
+    assert status["rejected"] == 0
+    assert status["blocked_by"]["queue_id"] == off_first["id"]
+    assert [i["id"] for i in buffer_items(buffer)] == [off_first["id"], off_second["id"]]
+
+    assert server.cli("assignment", "enable", "asg-bridge-off", "--org", "acme").returncode == 0
+    status = with_bridge(server.url, token, buffer, status_of)
+    assert status["pending"] == 0
+    assert status["blocked_by"] is None
+    assert buffer_items(buffer) == []
+    _, recalled = call(
+        server.url, token, "kb_memory_recall", {"query": "switchcase", "limit": 10, "assignment": "asg-bridge-off"}
+    )
+    assert {f["content"] for f in recalled["facts"]} == {
+        "Switchcase one: kept while off",
+        "Switchcase three: after the first",
+    }
+    assert on_item["id"] not in {i["id"] for i in buffer_items(buffer)}
 
 
 def test_an_invalid_token_is_an_error_and_nothing_is_queued(server: Server, tmp_path: Path) -> None:
