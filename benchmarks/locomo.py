@@ -5,6 +5,7 @@ Usage::
     python benchmarks/locomo.py --data ../shared/data/locomo/locomo_dev.json [--json out.json]
                                 [--limit-conversations N] [--embedder minilm|none]
                                 [--variant NAME ...] [--rrf-k 60 --lexical-weight 1 ...]
+                                [--store-through memory --reflect]
 
 ``PG_CONN_STR`` selects the database (a fresh schema per stored variant, dropped at the end);
 when it is unset, an embedded PostgreSQL + pgvector is started in a temporary directory and
@@ -26,6 +27,10 @@ Protocol (see ``../shared/data/locomo/README.md``; no LLM anywhere)
 - recall@k = share of the question's evidence turns among the top k facts, averaged over the
   questions; MRR = 1 / rank of the first evidence turn (0 beyond ``--top-k``); nDCG@10 with binary
   relevance. Reported for all categories, without category 5 (adversarial), and per category.
+
+With ``--reflect`` the questions are recalled once more after reflect (``Memory.reflect``, as
+``kb_memory_reflect``) ran on every conversation: an observation counts as a hit for the turns of its
+evidence, and the questions whose R@10 fell are counted.
 
 Variants
 --------
@@ -588,6 +593,35 @@ def recall_all(
     return VariantResult(variant.name, variant.description, aggregate(rows), timing, settings, per_question)
 
 
+def reflect_base(conversations: Sequence[Conversation], base: StoredBase) -> dict[str, Any]:
+    """Run reflect (`Memory.reflect`, as `kb_memory_reflect`) on every conversation's assignment of ``base``.
+    From then on an observation counts as a hit for the turns of its evidence (``base.dia_ids`` gains them)."""
+    memory = Memory(base.config)
+    memory.warm_up()
+    totals: dict[str, Any] = {"groups": 0, "observations": 0, "facts_consolidated": 0}
+    started = time.perf_counter()
+    for conv in conversations:
+        caller = conv.caller
+        report = memory.reflect(caller=caller)
+        ids = dict(base.dia_ids[caller.assignment_id])
+        observations = list(dict.fromkeys([*report["observations_created"], *report["observations_updated"]]))
+        for obs in observations:
+            evidence = memory.read(obs, caller=caller)["evidence"]
+            ids[obs] = frozenset().union(*(ids.get(e, frozenset()) for e in evidence))
+        base.dia_ids[caller.assignment_id] = ids
+        totals["groups"] += report["groups"]
+        totals["observations"] += len(report["observations_created"])
+        totals["facts_consolidated"] += report["facts_consolidated"]
+    totals["seconds"] = round(time.perf_counter() - started, 2)
+    return totals
+
+
+def lost_questions(before: VariantResult, after: VariantResult, k: int = 10) -> int:
+    """Questions whose R@k is lower after reflect than before (matched by conversation and question)."""
+    was = {(q["sample_id"], q["question"]): q[f"R@{k}"] for q in before.per_question}
+    return sum(1 for q in after.per_question if q[f"R@{k}"] < was.get((q["sample_id"], q["question"]), 0.0))
+
+
 # ------------------------------------------------------------------------------------------- report
 
 
@@ -665,6 +699,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="pipeline",
         help="store turns in batches through the store pipeline, or one per Memory.store call (as kb_memory_store)",
     )
+    parser.add_argument(
+        "--reflect",
+        action="store_true",
+        help="then run reflect (kb_memory_reflect) on every conversation and recall again; an observation\n"
+        "counts as a hit for the turns of its evidence (result '<variant>+reflect')",
+    )
     parser.add_argument("--per-question", action="store_true", help="include per-question results in the JSON")
     parser.add_argument("--keep-schema", action="store_true", help="do not drop the benchmark schemas")
     parser.add_argument("--no-progress", action="store_true")
@@ -673,6 +713,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--data is required")
     if not 1 <= args.top_k <= 100:
         parser.error("--top-k must be from 1 to 100")
+    if args.reflect and (len(set(args.variant)) > 1 or "all" in args.variant):
+        parser.error("--reflect changes the stored facts: give at most one --variant with it")
     unknown = [v for v in args.variant if v not in VARIANTS and v != "all"]
     if unknown:
         parser.error(f"unknown variant(s) {unknown}; choose from {sorted(VARIANTS)}")
@@ -741,9 +783,25 @@ def main(argv: list[str] | None = None) -> int:
                         through_memory=args.store_through == "memory",
                     )
                 base = bases[variant.store_key]
-                result = recall_all(conversations, base, variant, args.top_k, show, args.per_question)
+                keep = args.per_question or args.reflect
+                result = recall_all(conversations, base, variant, args.top_k, show, keep)
                 print_result(result)
                 results.append(result)
+                if args.reflect:
+                    stats = reflect_base(conversations, base)
+                    after = recall_all(conversations, base, variant, args.top_k, show, keep)
+                    after.name, after.description = f"{variant.name}+reflect", f"{variant.description}, after reflect"
+                    stats["questions_with_lower_r10"] = lost_questions(result, after)
+                    after.timing["reflect"] = stats
+                    print_result(after)
+                    console.print(
+                        f"  reflect: {stats['groups']} groups, {stats['observations']} observations, "
+                        f"{stats['facts_consolidated']} facts consolidated in {stats['seconds']:.1f} s; "
+                        f"questions with a lower R@10 than before: {stats['questions_with_lower_r10']}"
+                    )
+                    results.append(after)
+                    if not args.per_question:
+                        result.per_question, after.per_question = [], []
         finally:
             if not args.keep_schema:
                 for base in bases.values():
