@@ -9,7 +9,7 @@ JSON lines, one item per line: ``{"id", "queued_at", **payload}``. `Memory` queu
 - Removal and moving aside rewrite the file atomically (temporary file, fsync, rename, fsync folder).
 - Refused items move to ``<queue>.rejected`` with ``rejected_at`` and ``rejected_reason``; they are
   appended (fsync) there before they leave the queue: a crash in between leaves a copy in both files,
-  never in neither.
+  never in neither. ``restore`` moves one back the same way (queue first, then the rejected file).
 - Torn lines: a crash mid-append can leave a last line without its newline. Readers skip any line
   that is not an item (logged, never raised), and every rewrite keeps such lines verbatim; an append
   first ends an unterminated last line with a newline. Of the two policies this module replaces
@@ -231,9 +231,35 @@ class DurableQueue:
             return len(moving)
 
     def rejected(self) -> list[dict[str, Any]]:
-        """Items set aside by `reject`, oldest first (kept for an operator, never replayed)."""
+        """Items set aside by `reject`, oldest first (kept for an operator, replayed only through `restore`)."""
         with self._locked():
             return [i for _, i in _parse(self.rejected_path) if i is not None]
+
+    def restore(self, ids: Collection[str], changes: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Move the rejected items with these ids back to the end of the queue, without their rejection
+        fields and with ``changes`` applied, stamped ``requeued_at``. Returns the items queued again."""
+        if changes and RESERVED & changes.keys():
+            msg = f"payload keys {sorted(RESERVED & changes.keys())} are set by the queue"
+            raise ValueError(msg)
+        with self._locked():
+            lines = _parse(self.rejected_path)
+            moving = [i for _, i in lines if i is not None and i["id"] in ids]
+            if not moving:
+                return []
+            now = datetime.now(UTC).isoformat()
+            dropped = ("rejected_at", "rejected_reason")
+            restored = [
+                {**{k: v for k, v in i.items() if k not in dropped}, **(changes or {}), "requeued_at": now}
+                for i in moving
+            ]
+            # Into the queue before out of the rejected file: a crash in between leaves a copy in both files
+            # (the replay is idempotent per fact), never in neither.
+            _append_durably(self.path, b"".join(_encode(i) for i in restored))
+            kept = [raw for raw, i in lines if i is None or i["id"] not in ids]
+            replace_atomically(
+                self.rejected_path, "".join(line + "\n" for line in kept).encode("utf-8", errors="surrogateescape")
+            )
+            return restored
 
     def _rewrite(self, lines: list[str]) -> None:
         replace_atomically(self.path, "".join(line + "\n" for line in lines).encode("utf-8", errors="surrogateescape"))

@@ -6,10 +6,15 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
+from haystack_osa_memory.offline import SWITCH_LIST_S
 from haystack_osa_memory.store.schema import ensure_schema
 from tests.conftest import new_schema_config, row_counts
 from tests.e2e.conftest import Server, call
@@ -38,8 +43,14 @@ def stop_pg(pgdata: Path, *, check: bool = True) -> None:
     assert done.returncode == 0 or not check, done.stderr
 
 
+def pgdata_dir() -> Path:
+    """A data folder outside pytest's temporary root: every pytest session that starts resets that root to
+    mode 0700, after which the database's own user (as root) can no longer reach it to stop the server."""
+    return Path(tempfile.mkdtemp(prefix="osa-outage-")) / "pgdata"
+
+
 def test_store_while_the_database_is_down_then_flush(tmp_path: Path) -> None:
-    pgdata = tmp_path / "pgdata"
+    pgdata = pgdata_dir()
     uri = start_pg(pgdata)
     config = new_schema_config(uri)
     ensure_schema(uri, config)
@@ -117,3 +128,114 @@ def test_store_while_the_database_is_down_then_flush(tmp_path: Path) -> None:
         srv.stop()
         stop_pg(pgdata, check=False)
         shutil.rmtree(tmp_path, ignore_errors=True)
+        shutil.rmtree(pgdata.parent, ignore_errors=True)
+
+
+def test_kill_switches_tokens_and_reconnect_across_an_outage(tmp_path: Path) -> None:
+    """The real server: a switched-off scope is refused at once during the outage and nothing of it is held;
+    after the database returns, the server reconnects within seconds, serves no token it has not checked
+    again, and the replay sets a revoked token's item aside, which an operator can queue again."""
+    pgdata = pgdata_dir()
+    uri = start_pg(pgdata)
+    config = new_schema_config(uri)
+    ensure_schema(uri, config)
+    data_dir = tmp_path / "data"
+    srv = Server(config, uri, tmp_path / "server.log", workers=1)
+    extra = {
+        "OSA_MEMORY_DATA_DIR": str(data_dir),
+        "OSA_MEMORY_POOL_TIMEOUT": "2",
+        "OSA_MEMORY_STATEMENT_TIMEOUT_MS": "3000",
+    }
+    srv.env = lambda: {**Server.env(srv), **extra}  # type: ignore[method-assign]
+    srv.start()
+    try:
+        killed = srv.token("killme", "orgC")["token"]
+        works = srv.token("works", "orgD")["token"]
+        doomed = srv.token("works", "orgD")
+        assert call(srv.url, killed, "kb_memory_store", {"fact": "Switchcase: orgC before the switch"})[0] is False
+        assert call(srv.url, doomed["token"], "kb_memory_status", {})[0] is False  # verified: in the cache
+        done = srv.cli("assignment", "disable", "killme", "--org", "orgC")
+        assert done.returncode == 0, done.stderr
+        time.sleep(SWITCH_LIST_S + 0.5)
+        # orgC's token makes no call between the switch and the outage: the server learns of the switch
+        # from its periodic read of every switch, made on orgD's call
+        assert call(srv.url, works, "kb_memory_store", {"fact": "Switchcase: orgD before the outage"})[0] is False
+
+        stop_pg(pgdata)
+        refused = call(srv.url, killed, "kb_memory_store", {"fact": "Switchcase: orgC while off and away"})
+        assert refused == (True, "Memory is off for this assignment")
+        assert call(srv.url, killed, "kb_memory_recall", {"query": "switchcase"}) == (
+            True,
+            "Memory is off for this assignment",
+        )
+        queued = call(srv.url, works, "kb_memory_store", {"fact": "Switchcase: orgD during the outage"})
+        assert (queued[1]["stored"], queued[1]["queued"]) == (False, True)
+        doomed_fact = "Switchcase: orgD by a token revoked after the outage"
+        assert call(srv.url, doomed["token"], "kb_memory_store", {"fact": doomed_fact})[1]["queued"] is True
+        buffer = data_dir / "offline-buffer.jsonl"
+        held = [json.loads(line) for line in buffer.read_text().splitlines()]
+        assert {(i["org_id"], i["assignment_id"]) for i in held} == {("orgD", "works")}
+
+        start_pg(pgdata)
+        back = time.monotonic()
+        # revoked through the command line the moment the database is back: the server must not let it
+        # pass from its cache, whatever state its pool is in
+        done = srv.cli("token", "revoke", doomed["token_id"])
+        assert done.returncode == 0, done.stderr
+        answer = call_or_status(srv.url, doomed["token"], "kb_memory_status", {})
+        assert answer in {401, 503}, answer
+        while True:
+            answer = call_or_status(srv.url, works, "kb_memory_store", {"fact": "Switchcase: orgD after the outage"})
+            if isinstance(answer, tuple) and answer[1].get("stored") is True:
+                break
+            assert time.monotonic() - back < 30, answer
+            time.sleep(0.2)
+        reconnected = time.monotonic() - back
+        assert reconnected < 6.0, f"stored {reconnected:.1f} s after the database returned"
+        assert call_or_status(srv.url, doomed["token"], "kb_memory_status", {}) == 401
+
+        assert not buffer.exists() or buffer.read_text().strip() == ""
+        listed = srv.cli("queue", "rejected", "--json")
+        assert listed.returncode == 0, listed.stderr
+        (rejected,) = json.loads(listed.stdout)
+        assert (rejected["fact"], rejected["token_id"]) == (doomed_fact, doomed["token_id"])
+        assert rejected["reason"] == "token revoked or expired before the replay"
+        retried = srv.cli("queue", "retry", rejected["id"])
+        assert retried.returncode == 1
+        assert "--as-operator" in retried.stderr
+        retried = srv.cli("queue", "retry", rejected["id"], "--as-operator")
+        assert retried.returncode == 0, retried.stderr
+        assert json.loads(srv.cli("queue", "rejected", "--json").stdout) == []
+        _, recalled = call(srv.url, works, "kb_memory_recall", {"query": "switchcase orgD", "limit": 10})
+        assert {f["content"] for f in recalled["facts"]} == {
+            "Switchcase: orgD before the outage",
+            "Switchcase: orgD during the outage",
+            "Switchcase: orgD after the outage",
+            doomed_fact,  # queued again by the operator: stored by the call above
+        }
+
+        done = srv.cli("assignment", "enable", "killme", "--org", "orgC")
+        assert done.returncode == 0, done.stderr
+        _, recalled = call(srv.url, killed, "kb_memory_recall", {"query": "switchcase orgC", "limit": 10})
+        # nothing written while the switch was off, nothing held for later
+        assert [f["content"] for f in recalled["facts"]] == ["Switchcase: orgC before the switch"]
+    finally:
+        srv.stop()
+        stop_pg(pgdata, check=False)
+        shutil.rmtree(tmp_path, ignore_errors=True)
+        shutil.rmtree(pgdata.parent, ignore_errors=True)
+
+
+def call_or_status(url: str, token: str, tool: str, arguments: dict[str, Any]) -> tuple[bool, Any] | int:
+    """A tool call's (isError, result), or the HTTP status when the server refused the request itself."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": tool, "arguments": arguments}}
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
+    response = httpx.post(url, json=body, headers=headers, timeout=30)
+    if response.status_code != 200:
+        return response.status_code
+    text = response.text
+    if text.startswith("event:") or "\ndata:" in text or text.startswith("data:"):
+        text = next(line[5:].strip() for line in text.splitlines() if line.startswith("data:"))
+    result = json.loads(text)["result"]
+    content = "".join(c.get("text", "") for c in result["content"])
+    return (True, content) if result.get("isError") else (False, json.loads(content))

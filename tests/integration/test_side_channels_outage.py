@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from haystack_osa_memory.store.database import close_pools
 from haystack_osa_memory.store.schema import ensure_schema
 from haystack_osa_memory.store.tokens import TokenStore, parse_duration
 from tests.conftest import new_schema_config
-from tests.e2e.test_offline_buffer import start_pg, stop_pg
+from tests.e2e.test_offline_buffer import pgdata_dir, start_pg, stop_pg
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -71,7 +72,7 @@ class OutageDb:
 @pytest.fixture
 def outage_db(tmp_path: Path) -> Iterator[OutageDb]:
     """A PostgreSQL of its own (stoppable), a fresh schema, and the offline buffer in ``tmp_path``."""
-    pgdata = tmp_path / "pgdata"
+    pgdata = pgdata_dir()
     uri = start_pg(pgdata)
     config = new_schema_config(uri, data_dir=tmp_path / "data", pool_timeout=1.0, statement_timeout_ms=3000)
     ensure_schema(uri, config)
@@ -80,6 +81,7 @@ def outage_db(tmp_path: Path) -> Iterator[OutageDb]:
     finally:
         close_pools()
         stop_pg(pgdata, check=False)
+        shutil.rmtree(pgdata.parent, ignore_errors=True)
 
 
 def test_a_token_revoked_or_expired_before_the_replay_gets_no_write_in(
@@ -89,8 +91,9 @@ def test_a_token_revoked_or_expired_before_the_replay_gets_no_write_in(
     tokens = TokenStore(outage_db.uri, config)
     good = tokens.create(org_id="acme", assignment_id="asg-one")
     revoked = tokens.create(org_id="acme", assignment_id="asg-one")
-    expiring = tokens.create(org_id="acme", assignment_id="asg-one", expires_in=parse_duration("3s"))
-    verify = CachingVerifier(tokens.verify, grace_seconds=600)
+    # long enough to be valid when the outage starts (the cache never serves an expired token)
+    expiring = tokens.create(org_id="acme", assignment_id="asg-one", expires_in=parse_duration("20s"))
+    verify = CachingVerifier(tokens, grace_seconds=600)
     for issued in (good, revoked, expiring):
         verify(issued.token)  # each token was used while the database was up: it is in the cache
     # revoked while the database is up; the token makes no call before the outage
