@@ -17,6 +17,7 @@ import psutil  # type: ignore[import-untyped]
 import pytest
 from mcp import ClientSession
 
+from haystack_osa_memory.mcp.guard import GUARD_MARKER
 from haystack_osa_memory.mcp.stdio_bridge import STATUS_TOOL, BridgeBuffer, token_fingerprint
 from haystack_osa_memory.store.tokens import TOKEN_PREFIX, TokenStore
 from tests.e2e.conftest import OSA_MEMORY, Server, call, env_for, free_port, wait_for_status
@@ -78,6 +79,14 @@ def gone_within(pid: int, seconds: float) -> bool:
     return not running(pid)
 
 
+def kill_database_guard(server_pid: int) -> None:
+    """SIGKILL the database guard of the `serve` process ``server_pid`` (see `start_database_guard`)."""
+    guards = [p for p in psutil.Process(server_pid).children() if any(GUARD_MARKER in part for part in p.cmdline())]
+    assert len(guards) == 1, "precondition: a server on the embedded database runs one guard"
+    guards[0].kill()
+    assert gone_within(guards[0].pid, 10)  # a zombie until `serve` ends: not running all the same
+
+
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Iterator[Path]:
     """A data folder for the embedded database; whatever a failed test left running is stopped afterwards."""
@@ -110,6 +119,8 @@ def test_a_crashed_servers_stale_pid_does_not_keep_the_database_alive(data_dir: 
     log = tmp_path / "serve.log"
     crashed, _ = start_serve(data_dir, log)
     postmaster = postmaster_pid(data_dir)
+    # The whole server crashes, its database guard included (else the guard stops the database itself).
+    kill_database_guard(crashed.pid)
     crashed.kill()  # SIGKILL: no atexit, its pid stays in the handle list
     crashed.wait(STOP_WITHIN)
     finished = subprocess.Popen(["true"])
