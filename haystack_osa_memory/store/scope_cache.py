@@ -51,6 +51,24 @@ FULL_READ_S = 30.0
 #: Locks shared by the held scopes (a scope's is chosen by its key's hash).
 LOCK_STRIPES = 64
 
+# A governing row probed by its primary key and its org (a table partitioned or distributed by org needs
+# the org to reach one partition); the scope's other conditions are applied outside the fence (`OFFSET 0`:
+# PostgreSQL pushes no condition into it). Statistics that have not seen a burst of new rows take the new
+# scope for one row; with the assignment and status inside, the planner then probed through the scope index
+# and read the whole scope once per fact. Inside the fence that index can match the org only, which costs
+# more than the primary key for any org the statistics know; for an org they have never seen, recall
+# refreshes them first (`FactRepository` analyzes after many writes).
+GOVERNING_ROW_BY_ID = sql.SQL(
+    """(SELECT g.id, g.org_id, g.audience, g.status, g.content_hash, g.metadata, g.created_at, g.updated_at
+     FROM {schema}.{gov} g WHERE g.id = {id} AND g.org_id = %(org_id)s OFFSET 0)"""
+)
+
+
+def governing_row_by_id(names: dict[str, sql.Identifier], document_id: sql.Composable) -> sql.Composed:
+    """`GOVERNING_ROW_BY_ID` for the fact whose id is the expression ``document_id``."""
+    return GOVERNING_ROW_BY_ID.format(id=document_id, schema=names["schema"], gov=names["gov"])
+
+
 SCOPE_CHECK = sql.SQL(
     """SELECT count(*) AS count, coalesce(sum(t.seq), 0)::numeric AS sum, coalesce(max(t.seq), 0) AS max
     FROM {schema}.osa_fact_terms t
@@ -71,11 +89,10 @@ SELECT c.count, c.sum, c.max, a.count, a.sum, r.id, r.expires_at, r.seq, r.vec, 
 FROM c, a LEFT JOIN LATERAL (
     SELECT g.id, g.expires_at, t.seq, vector_send(t.embedding) AS vec, t.dl::float8 AS dl, t.terms
     FROM {schema}.osa_fact_terms t,
-        LATERAL (SELECT g.id, g.metadata->>'expires_at' AS expires_at FROM {schema}.{gov} g
-                 WHERE g.id = t.document_id AND g.content_hash = t.content_hash
-                   AND g.org_id = %(org_id)s AND g.audience = ANY(%(audiences)s) AND g.status = ANY(%(statuses)s)
-                   AND g.metadata->>'assignment_id' = %(assignment_id)s AND {valid_at}
-                 OFFSET 0) g
+        LATERAL (SELECT g.id, g.metadata->>'expires_at' AS expires_at FROM {governing_row} g
+                 WHERE g.content_hash = t.content_hash AND g.audience = ANY(%(audiences)s)
+                   AND g.status = ANY(%(statuses)s) AND g.metadata->>'assignment_id' = %(assignment_id)s
+                   AND {valid_at}) g
     WHERE t.org_id = %(org_id)s AND t.assignment_id = %(assignment_id)s AND t.seq > %(after)s
       AND t.language = %(language)s::text AND t.terms IS NOT NULL
     ORDER BY t.seq
@@ -138,7 +155,12 @@ class Statements:
         check = SCOPE_CHECK.format(**names)
         return cls(
             check=check,
-            rows_after=SCOPE_ROWS_AFTER.format(check=check, valid_at=valid_at, **names),
+            rows_after=SCOPE_ROWS_AFTER.format(
+                check=check,
+                valid_at=valid_at,
+                governing_row=governing_row_by_id(names, sql.SQL("t.document_id")),
+                **names,
+            ),
         )
 
 
