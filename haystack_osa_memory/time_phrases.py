@@ -116,7 +116,10 @@ def period_of(text: str, now: datetime) -> Period | None:
             and not (match["month_year"] or match["mod"] or _PRECEDED_BY_IN.search(text[: match.start()]))
         ):
             continue  # "may" the verb, "mar" and friends as words: a month only with a year or "in"/"before"
-        span = _span(match, now)
+        try:
+            span = _span(match, now)
+        except (ValueError, OverflowError):
+            span = None  # a date the calendar cannot hold ("March 0000", "9999-12-31" plus a day): no period
         if span is None:
             continue
         start, end = span

@@ -31,14 +31,16 @@ VERDICTS = tools.VERDICTS
 SUPERSEDES_MAX = tools.SUPERSEDES_MAX
 TIMESTAMP_MAX = tools.TIMESTAMP_MAX
 # Before this, a timestamp is certainly a mistake (a year typed as 26); after it, too.
-_EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
-_LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+_EARLIEST = datetime(tools.TIMESTAMP_YEARS[0], 1, 1, tzinfo=UTC)
+_LATEST = datetime(tools.TIMESTAMP_YEARS[1], 1, 1, tzinfo=UTC)
 
 
 # Characters that show nothing on their own: separators and spaces (Z*), controls (Cc), format
 # characters such as U+200B, U+2060, U+FEFF, soft hyphens and tag characters (Cf), surrogates (Cs),
-# and combining marks and variation selectors (M*), which only decorate a base character.
-_INVISIBLE_CATEGORIES = frozenset({"Zs", "Zl", "Zp", "Cc", "Cf", "Cs", "Mn", "Mc", "Me"})
+# combining marks and variation selectors (M*), which only decorate a base character, and code points
+# no text is made of: private use (Co, such as U+E000: a glyph only in some fonts) and unassigned ones
+# (Cn: noncharacters such as U+FFFF and U+10FFFF, and code points such as U+0378).
+_INVISIBLE_CATEGORIES = frozenset({"Zs", "Zl", "Zp", "Cc", "Cf", "Cs", "Mn", "Mc", "Me", "Co", "Cn"})
 # Letters and symbols drawn as blank space (Hangul fillers, the empty Braille pattern).
 _BLANK_CHARACTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
 
@@ -54,7 +56,10 @@ def _invisible_detail(value: str) -> str:
     if not shown:
         return "got only whitespace"
     more = ", ..." if len(shown) > 5 else ""
-    return f"got only whitespace or invisible characters ({', '.join(shown[:5])}{more})"
+    kinds = "invisible"
+    if any(unicodedata.category(c) in ("Co", "Cn") for c in value):
+        kinds = "invisible, private-use or unassigned"
+    return f"got only whitespace or {kinds} characters ({', '.join(shown[:5])}{more})"
 
 
 def length_before_redaction(text: str) -> int:
@@ -71,8 +76,8 @@ def check_text(value: object, what: str, *, min_len: int, max_len: int, length: 
 
     Refused: non-strings, lengths outside ``min_len..max_len`` characters (measured by ``length``),
     text with no visible character (only whitespace, zero-width and other format characters, lone
-    combining marks, fillers), NUL bytes (PostgreSQL text cannot hold them) and lone UTF-16
-    surrogates (not UTF-8).
+    combining marks, fillers, private-use and unassigned code points), NUL bytes (PostgreSQL text
+    cannot hold them) and lone UTF-16 surrogates (not UTF-8).
     """
     if not isinstance(value, str):
         msg = f"{what} must be a string of {min_len} to {max_len} characters, got {type(value).__name__}"
@@ -183,7 +188,7 @@ def check_timestamp(value: object, what: str) -> datetime | None:
         text = check_text(value, what, min_len=1, max_len=TIMESTAMP_MAX).strip()
         try:
             parsed = datetime.fromisoformat(text)
-        except ValueError:
+        except (ValueError, OverflowError):
             msg = (
                 f"{what} must be an ISO 8601 date or date-time such as 2026-03-01 or 2026-03-01T09:30:00+01:00, "
                 f"got {value!r}"
@@ -198,11 +203,17 @@ def check_timestamp(value: object, what: str) -> datetime | None:
         raise InvalidInputError(msg)
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
-    parsed = parsed.astimezone(UTC)
-    if not _EARLIEST <= parsed < _LATEST:
-        msg = f"{what} must lie between the years 1900 and 9000, got {parsed.isoformat()}"
+    allowed = f"{what} must lie between the years {_EARLIEST.year} and {_LATEST.year} (UTC)"
+    try:
+        in_utc = parsed.astimezone(UTC)
+    except OverflowError:
+        # Its offset moves it past the year 9999 or before the year 1 (9999-12-31T23:59:59-23:59).
+        msg = f"{allowed}, got {value!r}"
+        raise InvalidInputError(msg) from None
+    if not _EARLIEST <= in_utc < _LATEST:
+        msg = f"{allowed}, got {in_utc.isoformat()}"
         raise InvalidInputError(msg)
-    return parsed
+    return in_utc
 
 
 def check_validity(valid_from: datetime | None, valid_to: datetime | None) -> None:

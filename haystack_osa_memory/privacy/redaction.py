@@ -68,6 +68,13 @@ Everything else stays: public IPs, ordinary paths, timestamps, UUIDs, git SHAs, 
 ``{{ vault_pw }}``, ``<your-token>``, ``os.environ["X"]``, ``getpass()``, ``args.password``,
 ``None``), values already masked (``****``, ``[REDACTED]``, ``[FILTERED]``).
 
+Secrets hidden from an ASCII pattern are found too. The rules see compatibility forms folded to ASCII
+(fullwidth letters such as U+FF21 for ``A``, mathematical letters: NFKC), characters that draw nothing
+dropped (``AKIA\\u200b…``) and combining marks on ASCII letters dropped; what they find is replaced in
+the text as given. Connection strings are also read URL-encoded (``postgresql%3A%2F%2Fadmin%3A…%40db``,
+twice encoded too) and JSON-escaped (``postgresql:\\/\\/admin:…@db``). A word that labels a credential
+or an address may be glued on (``tokenxoxb-…``, ``bearereyJ…``, ``host10.12.34.56``).
+
 Rules run in catalogue order on the text produced by the previous rule; values that are already
 placeholders are skipped, so redaction is idempotent and each secret is counted once. Every regex is
 linear-time on any input: unbounded repetitions are possessive (no backtracking into them), others
@@ -87,8 +94,10 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import itertools
 import json
 import re
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -259,6 +268,26 @@ def _before(match: re.Match[str], width: int) -> str:
 
 #: Joiners of compound names and header fields: a token right after one starts a word of its own.
 _NAME_SEPARATORS = frozenset("-_")
+#: Words that label a credential: a token glued to one (``tokenxoxb-…``, ``bearereyJ…``) starts a word.
+_CREDENTIAL_LABELS = (
+    "token", "tokens", "bearer", "key", "keys", "apikey", "secret", "secrets", "password", "passwd", "pwd",
+    "pass", "auth", "credential", "credentials", "jwt", "session", "cookie", "authorization", "sig", "signature",
+)  # fmt: skip
+#: Words that label an address: a private address glued to one (``host10.12.34.56``) is still one.
+_ADDRESS_LABELS = (
+    "host", "hostname", "ip", "ipv4", "addr", "address", "server", "srv", "gateway", "gw", "dns", "proxy",
+    "peer", "node", "db", "from", "to", "at", "via", "remote", "bind", "listen",
+)  # fmt: skip
+_LABEL_WIDTH = 16
+
+
+def _glued_to_label(text: str, start: int, labels: tuple[str, ...]) -> bool:
+    """The ASCII letters right before ``start`` end with one of ``labels`` (checked on a bounded window)."""
+    low = max(0, start - _LABEL_WIDTH)
+    i = start
+    while i > low and text[i - 1].isascii() and text[i - 1].isalpha():
+        i -= 1
+    return i < start and text[i:start].lower().endswith(labels)
 
 
 def _starts_word(text: str, start: int, *, glued: bool = True) -> bool:
@@ -268,9 +297,10 @@ def _starts_word(text: str, start: int, *, glued: bool = True) -> bool:
     names (``x-AKIA…``, ``key_ghp_…``, ``url-sk_live_…``, ``x-eyJ…``) and, when ``glued`` (the token
     has a literal prefix), a lower-case letter before a token that starts with a capital, as camelCase
     joins words (``awsAKIA…``, ``keyAIza…``), or any letter before one that starts with a digit
-    (``bot123456789:AA…``). It may not follow a digit or another letter (``1AKIA…``, ``xghp_…``,
-    ``Xghp_…``): that is the tail of a longer run, and ordinary words end with some prefixes
-    (``risk-…``, ``Ask-…``, ``task_test_…``, ``highs_…``, ``pnpm_…``).
+    (``bot123456789:AA…``), or a word that labels a credential (``tokenxoxb-…``, ``bearereyJ…``). It
+    may not follow a digit or another letter (``1AKIA…``, ``xghp_…``, ``Xghp_…``): that is the tail of
+    a longer run, and ordinary words end with some prefixes (``risk-…``, ``Ask-…``, ``task_test_…``,
+    ``highs_…``, ``pnpm_…``).
     """
     if start == 0:
         return True
@@ -279,7 +309,9 @@ def _starts_word(text: str, start: int, *, glued: bool = True) -> bool:
         return True
     if not glued or not before.isalpha():
         return False
-    return first.isdigit() or (before.islower() and first.isupper())
+    if first.isdigit() or (before.islower() and first.isupper()):
+        return True
+    return _glued_to_label(text, start, _CREDENTIAL_LABELS)
 
 
 def _token_start(match: re.Match[str], *, glued: bool = True) -> bool:
@@ -462,6 +494,25 @@ _URL_USERINFO = re.compile(
     r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{1,30}+://[^\s:/?#@\"'<>]{0,128}+:"
     r"(?P<value>[^\s/?#\"'<>]{1,256})@(?=[A-Za-z0-9\[_-])"
 )
+# The same in a URL-encoded (``postgresql%3A%2F%2Fadmin%3As3cret%40db``, also encoded twice: ``%253A``)
+# or JSON-escaped (``postgresql:\/\/admin:s3cret@db``) connection string; an encoded ':' or '@' is enough.
+_ENC_COLON = r"(?::|%(?:25)?3[Aa])"
+_ENC_AT = r"(?:@|%(?:25)?40)"
+_ENC_SLASH = r"(?:/|\\/|%(?:25)?2[Ff])"
+_ENC_CHAR = r"%(?!(?:25)?(?:3[Aa]|40|2[Ff]|3[Ff]|23))(?:25)?[0-9A-Fa-f]{2}"  # not an encoded : @ / ? #
+_URL_USERINFO_ENCODED = re.compile(
+    rf"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{{1,30}}+{_ENC_COLON}{_ENC_SLASH}{_ENC_SLASH}"
+    rf"(?:[^\s:/?#@%\"'<>&\\]|{_ENC_CHAR}){{0,128}}+{_ENC_COLON}"
+    rf"(?P<value>(?:[^\s/?#@%\"'<>&\\]|{_ENC_CHAR}){{1,256}}){_ENC_AT}(?=[A-Za-z0-9\[_-])"
+)
+
+
+def _refine_encoded_url(match: re.Match[str]) -> Span | None:
+    """Only encoded or escaped forms: the plain one is ``url_password``'s."""
+    whole = match.group(0)
+    return _refine_value(match) if "%" in whole or "\\/" in whole else None
+
+
 _CURL_USER = re.compile(r"(?:-u|--user)[ =][\"']?[^\s:\"']{1,64}+:(?P<value>[^\s\"']{1,256}+)")
 _CURL_CONTEXT = re.compile(r"(?<![A-Za-z0-9_-])curl\s")
 # -p after mysql/mariadb (-pSECRET), sshpass (-p SECRET) and docker/az login (-p SECRET)
@@ -745,7 +796,9 @@ def _private_v4(octets: list[str]) -> bool:
 
 def _refine_ipv4(match: re.Match[str]) -> Span | None:
     text, value = match.string, match.group(0)
-    if _NOT_IPV4_BEFORE.search(text[max(0, match.start() - 12) : match.start()]):
+    start = match.start()
+    labelled = start > 0 and text[start - 1].isalpha() and _glued_to_label(text, start, _ADDRESS_LABELS)
+    if not labelled and _NOT_IPV4_BEFORE.search(text[max(0, start - 12) : start]):
         return None  # inside a longer number, or a version (v10.1.0.2, ==10.1.0.2, "version": "10.1.0.2")
     if not _private_v4(value.split(".")) or _is_rfc_range(text, match.end(), value):
         return None
@@ -795,6 +848,14 @@ def _builtin_rules() -> tuple[Rule, ...]:
     )
     rules += [
         Rule("url_password", PASSWORD, _URL_USERINFO, ph[PASSWORD], _refine_value, ("://",)),
+        Rule(
+            "encoded_url_password",
+            PASSWORD,
+            _URL_USERINFO_ENCODED,
+            ph[PASSWORD],
+            _refine_encoded_url,
+            ("%3a", "%253a", ":\\/\\/"),
+        ),
         Rule("curl_user_password", PASSWORD, _CURL_USER, ph[PASSWORD], _refine_curl, ("curl",)),
         Rule("command_password", PASSWORD, _DASH_P, ph[PASSWORD], _refine_dash_p, ("-p",)),
         Rule("netrc_password", PASSWORD, _NETRC, ph[PASSWORD], _refine_value, ("machine",)),
@@ -845,6 +906,81 @@ BUILTIN_RULES: tuple[Rule, ...] = _builtin_rules()
 
 
 # --------------------------------------------------------------------------------------------------
+# look-alike and invisible characters
+# --------------------------------------------------------------------------------------------------
+
+# Code points that draw nothing and may be slipped inside a secret (``AKIA\u200b…``): every format
+# character (Cf: zero-width space and joiners, word joiner, BOM, soft hyphen, bidi controls, tags) and the
+# other default-ignorable ones: combining grapheme joiner, Hangul fillers, variation selectors.
+_IGNORABLE_EXTRA = frozenset(
+    (0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x3164, 0xFFA0, *range(0x180B, 0x1810), *range(0xFE00, 0xFE10))
+) | frozenset(range(0xE0100, 0xE01F0))
+# The 256-code-point blocks that hold a compatibility form of an ASCII character (NFKC): fullwidth forms,
+# mathematical alphanumerics, circled, superscript and subscript letters and digits, modifier letters
+# (a unit test checks every code point, so a newer Unicode adding one elsewhere is noticed).
+_FOLD_BLOCKS = (
+    *(0x00, 0x01, 0x02, 0x03, 0x1D, 0x1F, 0x20, 0x21, 0x24, 0x2C, 0x30, 0xA7, 0xFB, 0xFE, 0xFF),
+    *(0x107, 0x1D4, 0x1D5, 0x1D6, 0x1D7, 0x1F1, 0x1FB),
+)
+#: Combining diacritical marks (basic, extended, supplement, for symbols, half marks).
+_COMBINING = "\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f"
+
+
+@functools.cache
+def _fold_table() -> dict[int, str]:
+    """Code point -> its ASCII compatibility form (U+FF21 and U+1D400 -> ``A``, U+00B2 -> ``2``), or ``""``
+    for a character that draws nothing. Forms of several characters (``⑴`` -> ``(1)``, ``㎒`` -> ``MHz``)
+    are left as they are. Built on first use."""
+    table: dict[int, str] = {}
+    for block in _FOLD_BLOCKS:
+        for cp in range(max(block << 8, 0x80), (block + 1) << 8):
+            folded = unicodedata.normalize("NFKC", chr(cp))
+            if len(folded) == 1 and folded.isascii():
+                table[cp] = folded
+    for cp in itertools.chain(range(0x80, 0x20000), range(0xE0000, 0xE1000)):  # where Cf is assigned
+        if cp in _IGNORABLE_EXTRA or unicodedata.category(chr(cp)) == "Cf":
+            table[cp] = ""
+    return table
+
+
+@functools.cache
+def _foldable() -> re.Pattern[str]:
+    """Any character :func:`_fold` changes, or a combining mark (dropped after an ASCII character)."""
+    runs: list[list[int]] = []
+    for cp in sorted(_fold_table()):
+        if runs and cp == runs[-1][1] + 1:
+            runs[-1][1] = cp
+        else:
+            runs.append([cp, cp])
+    # As ranges: a character class of single characters is scanned one by one, a range at once.
+    chars = "".join(f"{re.escape(chr(low))}-{re.escape(chr(high))}" for low, high in runs)
+    return re.compile(f"[{chars}{_COMBINING}]")
+
+
+def _fold(text: str) -> tuple[str, list[int]] | None:
+    """The text the rules should see when ``text`` hides ASCII behind look-alike or invisible characters,
+    with the index in ``text`` of each of its characters; ``None`` when there is nothing to fold.
+
+    Compatibility forms become their ASCII character (U+FF21 -> ``A``), characters that draw
+    nothing are dropped, and so are combining marks on an ASCII character (``A\\u0301KIA``).
+    """
+    if text.isascii() or _foldable().search(text) is None:
+        return None
+    table = _fold_table()
+    out: list[str] = []
+    origin: list[int] = []
+    for i, char in enumerate(text):
+        folded = table.get(ord(char), char)
+        if folded and not folded.isascii() and out and out[-1].isascii() and unicodedata.category(char)[0] == "M":
+            folded = ""
+        if folded:
+            out.append(folded)
+            origin.append(i)
+    folded_text = "".join(out)
+    return None if folded_text == text else (folded_text, origin)
+
+
+# --------------------------------------------------------------------------------------------------
 # policies
 # --------------------------------------------------------------------------------------------------
 
@@ -861,22 +997,92 @@ class RedactionPolicy:
         return tuple(dict.fromkeys(rule.cls for rule in self.rules))
 
     def redact(self, text: str) -> RedactionResult:
-        """Apply every rule in order; see :func:`redact`."""
+        """Apply every rule in order; see :func:`redact`.
+
+        A text that hides ASCII behind look-alike or invisible characters is matched in its folded form
+        (:func:`_fold`), and the spans found there are replaced in the text as given: everything else,
+        fullwidth or invisible characters included, is kept as it was.
+        """
+        folded = _fold(text)
+        if folded is None:
+            return self._redact(text)
+        base, origin = folded
+        spans, counts = self._spans(base)
+        parts: list[str] = []
+        pos = 0
+        for start, end, placeholder in spans:
+            first, last = origin[start], origin[end - 1] + 1
+            parts += (text[pos:first], placeholder)
+            pos = last
+        parts.append(text[pos:])
+        return RedactionResult(text="".join(parts), counts=counts)
+
+    def _redact(self, text: str) -> RedactionResult:
         counts: dict[str, int] = {}
         lower = text.lower()
         for rule in self.rules:
             if rule.triggers and not any(t in lower for t in rule.triggers):
                 continue
-            text, n = _apply(rule, text)
-            if n:
-                counts[rule.cls] = counts.get(rule.cls, 0) + n
+            spans = _spans(rule, text)
+            if spans:
+                text = _replace(text, spans, rule.placeholder)
+                counts[rule.cls] = counts.get(rule.cls, 0) + len(spans)
                 lower = text.lower()
         return RedactionResult(text=text, counts=counts)
 
+    def _spans(self, base: str) -> tuple[list[tuple[int, int, str]], dict[str, int]]:
+        """What :meth:`_redact` would replace in ``base``, as ``(start, end, placeholder)`` spans of ``base``.
 
-def _apply(rule: Rule, text: str) -> tuple[str, int]:
-    parts: list[str] = []
-    pos = n = 0
+        Each character of the text the rules see carries the span of ``base`` it stands for and the
+        replacement it belongs to (-1: none), so spans found after earlier replacements map back.
+        """
+        counts: dict[str, int] = {}
+        text = base
+        starts, ends, owners = list(range(len(base))), list(range(1, len(base) + 1)), [-1] * len(base)
+        made: list[tuple[int, int, str]] = []
+        lower = text.lower()
+        for rule in self.rules:
+            if rule.triggers and not any(t in lower for t in rule.triggers):
+                continue
+            spans = _spans(rule, text)
+            if not spans:
+                continue
+            new_starts: list[int] = []
+            new_ends: list[int] = []
+            new_owners: list[int] = []
+            pos = 0
+            for start, end in spans:
+                new_starts += starts[pos:start]
+                new_ends += ends[pos:start]
+                new_owners += owners[pos:start]
+                made.append((starts[start], ends[end - 1], rule.placeholder))
+                size = len(rule.placeholder)
+                new_starts += [starts[start]] * size
+                new_ends += [ends[end - 1]] * size
+                new_owners += [len(made) - 1] * size
+                pos = end
+            new_starts += starts[pos:]
+            new_ends += ends[pos:]
+            new_owners += owners[pos:]
+            text = _replace(text, spans, rule.placeholder)
+            starts, ends, owners = new_starts, new_ends, new_owners
+            counts[rule.cls] = counts.get(rule.cls, 0) + len(spans)
+            lower = text.lower()
+        # The replacements still in the final text, merged where a later one overlapped an earlier one.
+        final: list[tuple[int, int, str]] = []
+        for owner in dict.fromkeys(o for o in owners if o >= 0):
+            start, end, placeholder = made[owner]
+            if final and start < final[-1][1]:
+                previous = final.pop()
+                start, end, placeholder = previous[0], max(end, previous[1]), previous[2]
+            final.append((start, end, placeholder))
+        return final, counts
+
+
+def _spans(rule: Rule, text: str) -> list[Span]:
+    """The non-overlapping spans of ``text`` that ``rule`` replaces, in order."""
+    spans: list[Span] = []
+    pos = 0
     for match in rule.regex.finditer(text):
         span = rule.span(match)
         if span is None:
@@ -884,13 +1090,19 @@ def _apply(rule: Rule, text: str) -> tuple[str, int]:
         start, end = span
         if start < pos or end <= start:
             continue
-        parts += (text[pos:start], rule.placeholder)
+        spans.append(span)
         pos = end
-        n += 1
-    if not n:
-        return text, 0
+    return spans
+
+
+def _replace(text: str, spans: list[Span], placeholder: str) -> str:
+    parts: list[str] = []
+    pos = 0
+    for start, end in spans:
+        parts += (text[pos:start], placeholder)
+        pos = end
     parts.append(text[pos:])
-    return "".join(parts), n
+    return "".join(parts)
 
 
 def _check_enabled(enabled_classes: Sequence[str] | None) -> tuple[str, ...]:

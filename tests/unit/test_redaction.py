@@ -1,11 +1,15 @@
 """Privacy redaction: the labelled corpus, precision/recall, linear time, settings, the component."""
 
+# Secrets hidden behind look-alike characters are what some of these tests are about.
+# ruff: noqa: RUF001
+
 from __future__ import annotations
 
 import functools
 import json
 import re
 import time
+import unicodedata
 from collections import Counter
 from types import ModuleType
 from typing import Any
@@ -281,7 +285,7 @@ class TestTokenBoundaries:
             "Xghp_" + "a1B2c3D4e5" * 4,
             "1AKIAIOSFODNN7EXAMPLF",
             "SLOVAKIAIOSFODNN7EXAMPLF",
-            "tokeneyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhZG1pbiJ9.abcDEF123_-x",
+            "surveyeyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhZG1pbiJ9.abcDEF123_-x",  # a word that labels nothing
             "getOrganizationServiceFactory.create.InstanceOfTheServiceProviderXyz",  # discord's shape
             "chat:123456789:AA" + "aB3dE6xY9z" * 3 + "Q1w",
         ],
@@ -447,3 +451,144 @@ def test_placeholders_match_their_pattern() -> None:
     for placeholder in PLACEHOLDERS.values():
         assert PLACEHOLDER_PATTERN.fullmatch(placeholder)
         assert re.escape(placeholder)
+
+
+AWS = "AKIAIOSFODNN7EXAMPLE"
+#: Pieces of text that secrets are hidden with, and that look like the start of one.
+HIDING_PIECES = [
+    *("token", "host", "key=", "password=", "10.12.34.56", "xoxb-", "AKIA", "ghp_", "eyJ", "%3A", "%40", "://"),
+    *("a1B2c3D4e5f6", " ", "\u200b", "\u0301", "Ａ", "０", "：", "＠", "日本", "\U0001d400", "\x00", "\ud800"),
+]
+JWT_TOKEN = TOKENS["jwt"][0]
+SLACK = "xoxb-" + "1234567890-" + "aB3dE6xY9z" * 2
+
+
+def _fullwidth(text: str) -> str:
+    return "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in text)
+
+
+class TestHiddenSecrets:
+    """Secrets written so that a pattern over plain ASCII misses them: look-alike characters, characters that
+    draw nothing, encodings, a label glued on. Only the secret goes; the rest of the text stays as given."""
+
+    @pytest.mark.parametrize(
+        ("text", "expected", "counts"),
+        [
+            # URL-encoded connection strings, once and twice, and JSON-escaped ones
+            (
+                "dsn=postgresql%3A%2F%2Fadmin%3AS3cr3tPw%40db%2Fapp",
+                "dsn=postgresql%3A%2F%2Fadmin%3A[REDACTED-PASSWORD]%40db%2Fapp",
+                {"password": 1},
+            ),
+            (
+                "next=mysql%253A%252F%252Froot%253Ahunter2%2540db.internal&x=1",
+                "next=mysql%253A%252F%252Froot%253A[REDACTED-PASSWORD]%2540db.internal&x=1",
+                {"password": 1},
+            ),
+            (
+                '{"url": "postgresql:\\/\\/app:pa55word@db:5432\\/app"}',
+                '{"url": "postgresql:\\/\\/app:[REDACTED-PASSWORD]@db:5432\\/app"}',
+                {"password": 1},
+            ),
+            # characters that draw nothing, inside the secret and inside its key
+            (f"key {AWS[:4]}\u200b{AWS[4:]}", "key [REDACTED-SECRET]", {"secret": 1}),
+            (f"key {AWS[:8]}\u2060\u00ad{AWS[8:]}\ufeff done", "key [REDACTED-SECRET]\ufeff done", {"secret": 1}),
+            (f"{AWS[:10]}\ufe0f{AWS[10:]}", "[REDACTED-SECRET]", {"secret": 1}),
+            ("pass\u200bword=hunter2x in prod", "pass\u200bword=[REDACTED-PASSWORD] in prod", {"password": 1}),
+            (f"A\u0301{AWS[1:]}", "[REDACTED-SECRET]", {"secret": 1}),
+            # compatibility forms (NFKC): fullwidth, mathematical letters, fullwidth digits of an address
+            (f"key {_fullwidth(AWS)} leaked", "key [REDACTED-SECRET] leaked", {"secret": 1}),
+            (
+                "ｐａｓｓｗｏｒｄ＝ｈｕｎｔｅｒ２ は本番用",
+                "ｐａｓｓｗｏｒｄ＝[REDACTED-PASSWORD] は本番用",
+                {"password": 1},
+            ),
+            ("接続先 １０．１２．３４．５６ です", "接続先 [REDACTED-PRIVATE-IP] です", {"private_ip": 1}),
+            ("\U0001d400\U0001d40a\U0001d408\U0001d400" + AWS[4:], "[REDACTED-SECRET]", {"secret": 1}),
+            # a label glued on
+            ("host10.12.34.56 is down", "host[REDACTED-PRIVATE-IP] is down", {"private_ip": 1}),
+            ("ip192.168.1.20, gw172.16.0.1", "ip[REDACTED-PRIVATE-IP], gw[REDACTED-PRIVATE-IP]", {"private_ip": 2}),
+            (f"token{SLACK}", "token[REDACTED-SECRET]", {"secret": 1}),
+            (f"bearer{JWT_TOKEN}", "bearer[REDACTED-JWT]", {"jwt": 1}),
+            (f"Authorization: Bearer{JWT_TOKEN}", "Authorization: Bearer[REDACTED-JWT]", {"jwt": 1}),
+            ("apikeyghp_" + "a1B2c3D4e5" * 4, "apikey[REDACTED-SECRET]", {"secret": 1}),
+            ("secretsk_live_" + "a1B2c3D4" * 3, "secret[REDACTED-SECRET]", {"secret": 1}),
+            # both at once
+            (f"token\u200b{_fullwidth(SLACK)}", "token\u200b[REDACTED-SECRET]", {"secret": 1}),
+        ],
+    )
+    def test_hidden_secrets_are_redacted(self, text: str, expected: str, counts: dict[str, int]) -> None:
+        result = redact(text)
+        assert result == RedactionResult(text=expected, counts=counts)
+        assert redact(result.text) == RedactionResult(text=expected, counts={})
+
+    @pytest.mark.parametrize(
+        "text",
+        [
+            "日本語のテキスト（テスト）：ＯＫ、１０時に集合",  # fullwidth punctuation and digits in prose
+            "👨\u200d👩\u200d👧 family emoji with joiners",
+            "می\u200cخواهم بروم",  # a zero-width non-joiner inside a Persian word
+            "Café crème — naïve façade, ﬁnal ①②③ ² ³",
+            "agent v10.1.0.7 connected; build１０．１．０．７",  # versions stay, in any width
+            "survey10.12.34.56 is a version-like id, not after a label",
+            "https%3A%2F%2Fexample.com%2Fsearch%3Fq%3Da%40b",  # an encoded URL without a password
+            "mailto%3Aalice%40example.com",
+            "xghp_" + "a1B2c3D4e5" * 4,  # still the tail of a longer run
+            "keynote\u200b 2026 slides",
+        ],
+    )
+    def test_text_without_secrets_stays_as_given(self, text: str) -> None:
+        assert redact(text) == RedactionResult(text=text, counts={})
+
+    def test_only_the_secret_changes(self) -> None:
+        text = f"ＯＫ: {_fullwidth(AWS)} — ｍａｙｂｅ\u200b later, host10.0.0.9"
+        assert redact(text).text == "ＯＫ: [REDACTED-SECRET] — ｍａｙｂｅ\u200b later, host[REDACTED-PRIVATE-IP]"
+
+    @pytest.mark.parametrize("name", ["fullwidth", "zero_width", "encoded_userinfo", "combining"])
+    def test_100kb_of_hidden_forms_under_a_second(self, name: str) -> None:
+        text = {
+            "fullwidth": _rep(_fullwidth("password=a ") + "\u200b"),
+            "zero_width": _rep("AKIA\u200b"),
+            "encoded_userinfo": _rep("a%3A%2F%2Fb%3A" + "c" * 50),
+            "combining": _rep("A\u0301"),
+        }[name]
+        start = time.perf_counter()
+        redact(text)
+        assert time.perf_counter() - start < 1.0
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        body=st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", min_size=16, max_size=16),
+        hidden=st.lists(
+            st.tuples(
+                st.integers(1, 19), st.sampled_from(["\u200b", "\u2060", "\ufeff", "\u00ad", "\ufe0f", "\u0301"])
+            ),
+            max_size=4,
+        ),
+        wide=st.sets(st.integers(0, 19)),
+    )
+    def test_an_access_key_never_survives_hiding(
+        self, body: str, hidden: list[tuple[int, str]], wide: set[int]
+    ) -> None:
+        chars = [_fullwidth(c) if i in wide else c for i, c in enumerate("AKIA" + body)]
+        for position, mark in sorted(hidden, reverse=True):
+            chars.insert(position, mark)
+        assert redact(f"key {''.join(chars)} end") == RedactionResult(
+            text="key [REDACTED-SECRET] end", counts={"secret": 1}
+        )
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.sampled_from(HIDING_PIECES), max_size=30).map("".join))
+    def test_hidden_forms_change_nothing_but_what_is_redacted(self, text: str) -> None:
+        once = redact(text)
+        assert _benchmark().redacted_spans(text, once.text) is not None  # the rest of the text is as given
+        assert redact(once.text) == RedactionResult(text=once.text, counts={})
+
+    def test_every_compatibility_form_of_ascii_is_folded(self) -> None:
+        from haystack_osa_memory.privacy.redaction import _fold_table
+
+        table = _fold_table()
+        for cp in range(0x80, 0x110000):
+            folded = unicodedata.normalize("NFKC", chr(cp))
+            if len(folded) == 1 and folded.isascii():
+                assert table.get(cp) == folded, f"U+{cp:04X}"
