@@ -7,12 +7,10 @@ The public API is imported lazily (PEP 562), so light entry points — the stdio
 from __future__ import annotations
 
 import importlib
-import os as _os
 from typing import TYPE_CHECKING, Any
 
-# Nothing leaves the machine unless asked: Haystack's usage telemetry is off unless the environment
-# turns it on explicitly (HAYSTACK_TELEMETRY_ENABLED=True). Set before Haystack is imported.
-_os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
+# Importing the package changes nothing in the host process's environment: whether Haystack's usage
+# telemetry runs is the host's choice (`osa-memory`, our own process, turns it off unless it is set).
 
 __version__ = "0.1.0"
 
@@ -29,6 +27,7 @@ _EXPORTS: dict[str, str] = {
     "ScopedMemoryRetriever": "haystack_osa_memory.components",
     "ScopeMarkerStripper": "haystack_osa_memory.components",
     "ScopeMarkerWriter": "haystack_osa_memory.components",
+    "SupersessionJudge": "haystack_osa_memory.components",
     "MemoryConfig": "haystack_osa_memory.config",
     "MemoryStore": "haystack_osa_memory.store.memory_store",
     "AclLookupError": "haystack_osa_memory.errors",
@@ -74,6 +73,7 @@ __all__ = [
     "ScopeMarkerStripper",
     "ScopeMarkerWriter",
     "ScopedMemoryRetriever",
+    "SupersessionJudge",
     "__version__",
     "build_customer_search_pipeline",
     "build_recall_pipeline",
@@ -101,6 +101,7 @@ if TYPE_CHECKING:
         ScopedMemoryRetriever,
         ScopeMarkerStripper,
         ScopeMarkerWriter,
+        SupersessionJudge,
     )
     from haystack_osa_memory.config import MemoryConfig
     from haystack_osa_memory.errors import (

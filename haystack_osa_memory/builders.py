@@ -1,9 +1,12 @@
 """The only place components are connected: indexing (store), recall and customer search pipelines.
 
-Each component takes a `MemoryStore` built from the config; its connection string is the
-``PG_CONN_STR`` secret unless a ``connection_string`` secret is given (`Memory` passes the one it
-resolved, so a `MemoryConfig` with its own `pg_conn_str` is honoured even when `PG_CONN_STR` points
-elsewhere).
+Each component takes a `MemoryStore` built from the config (`MemoryStore.from_config`): a
+`MemoryConfig` with its own `pg_conn_str` connects there and is saved as the ``PG_CONN_STR`` variable,
+never as the value; a ``connection_string`` secret, when given, decides instead.
+
+Every pipeline saves with `dumps()` and loads back with `Pipeline.loads(text,
+allowed_modules=ALLOWED_MODULES)` as an equal pipeline: components are added in name order, the order
+a saved pipeline lists them in, so the connections serialise in the same order too.
 """
 
 from __future__ import annotations
@@ -32,7 +35,17 @@ ALLOWED_MODULES = ["haystack_osa_memory.*"]
 
 
 def _store(config: MemoryConfig, connection_string: Secret | None, store: MemoryStore | None = None) -> MemoryStore:
-    return store or MemoryStore.from_config(config, connection_string or Secret.from_env_var("PG_CONN_STR"))
+    return store or MemoryStore.from_config(config, connection_string)
+
+
+def _assemble(components: dict[str, Any], connections: list[tuple[str, str]]) -> Pipeline:
+    """A pipeline of ``components`` added in name order (as `Pipeline.loads` adds them), then connected."""
+    pipe = Pipeline()
+    for name in sorted(components):
+        pipe.add_component(name, components[name])
+    for sender, receiver in connections:
+        pipe.connect(sender, receiver)
+    return pipe
 
 
 def build_store_pipeline(
@@ -47,21 +60,18 @@ def build_store_pipeline(
     Run it with ``{"redact": {"documents": [...]}, "mark": {"org_id": ..., "assignment_id": ...}}``.
     """
     cfg = config or MemoryConfig()
-    pipe = Pipeline()
-    redactor = PrivacyRedactor(enabled_classes=[c for c in REDACTION_CLASSES if c not in cfg.redaction_off])
-    pipe.add_component("redact", redactor)
+    components: dict[str, Any] = {
+        "redact": PrivacyRedactor(enabled_classes=[c for c in REDACTION_CLASSES if c not in cfg.redaction_off]),
+        "mark": ScopeMarkerWriter(dataset=cfg.dataset, status=cfg.admitted_statuses[0]),
+        "write": GovernedFactWriter(store=_store(cfg, connection_string, store)),
+    }
+    connections = [("mark.documents", "write.documents"), ("mark.governing_rows", "write.governing_rows")]
     if document_embedder is not None:
-        pipe.add_component("embed", document_embedder)
-    pipe.add_component("mark", ScopeMarkerWriter(dataset=cfg.dataset, status=cfg.admitted_statuses[0]))
-    pipe.add_component("write", GovernedFactWriter(store=_store(cfg, connection_string, store)))
-    if document_embedder is not None:
-        pipe.connect("redact.documents", "embed.documents")
-        pipe.connect("embed.documents", "mark.documents")
+        components["embed"] = document_embedder
+        connections += [("redact.documents", "embed.documents"), ("embed.documents", "mark.documents")]
     else:
-        pipe.connect("redact.documents", "mark.documents")
-    pipe.connect("mark.documents", "write.documents")
-    pipe.connect("mark.governing_rows", "write.governing_rows")
-    return pipe
+        connections.append(("redact.documents", "mark.documents"))
+    return _assemble(components, connections)
 
 
 def build_recall_pipeline(
@@ -79,37 +89,25 @@ def build_recall_pipeline(
     depth, fail closed); the stripper removes the marker line.
     """
     cfg = config or MemoryConfig()
-    pipe = Pipeline()
+    kb = _store(cfg, connection_string, store)
+    components: dict[str, Any] = {
+        "retrieve": ScopedMemoryRetriever(
+            top_k=top_k, admitted_statuses=list(cfg.admitted_statuses), **(retriever_params or {}), store=kb
+        ),
+        "acl": GoverningRowAclFilter(
+            audiences=[FACT_AUDIENCE], admitted_statuses=list(cfg.admitted_statuses), store=kb
+        ),
+        "strip": ScopeMarkerStripper(),
+    }
+    connections = [("retrieve.documents", "acl.documents"), ("acl.documents", "strip.documents")]
     if text_embedder is not None:
-        embedder = (
+        components["embed"] = (
             text_embedder
             if isinstance(text_embedder, GuardedTextEmbedder)
             else GuardedTextEmbedder(embedder=text_embedder, timeout=cfg.embedder_timeout)
         )
-        pipe.add_component("embed", embedder)
-    pipe.add_component(
-        "retrieve",
-        ScopedMemoryRetriever(
-            top_k=top_k,
-            admitted_statuses=list(cfg.admitted_statuses),
-            **(retriever_params or {}),
-            store=_store(cfg, connection_string, store),
-        ),
-    )
-    pipe.add_component(
-        "acl",
-        GoverningRowAclFilter(
-            audiences=[FACT_AUDIENCE],
-            admitted_statuses=list(cfg.admitted_statuses),
-            store=_store(cfg, connection_string, store),
-        ),
-    )
-    pipe.add_component("strip", ScopeMarkerStripper())
-    if text_embedder is not None:
-        pipe.connect("embed.embedding", "retrieve.query_embedding")
-    pipe.connect("retrieve.documents", "acl.documents")
-    pipe.connect("acl.documents", "strip.documents")
-    return pipe
+        connections.append(("embed.embedding", "retrieve.query_embedding"))
+    return _assemble(components, connections)
 
 
 def build_customer_search_pipeline(
@@ -138,8 +136,10 @@ def build_customer_search_pipeline(
         keyword_index_name=f"{cfg.chunk_table}_keyword_index",
         hnsw_index_name=f"{cfg.chunk_table}_hnsw_index",
     )
-    pipe = Pipeline()
-    pipe.add_component("retriever", PgvectorKeywordRetriever(document_store=documents, top_k=top_k))
-    pipe.add_component("acl", GoverningRowAclFilter(audiences=["customer"], store=kb))
-    pipe.connect("retriever.documents", "acl.documents")
-    return pipe
+    return _assemble(
+        {
+            "retriever": PgvectorKeywordRetriever(document_store=documents, top_k=top_k),
+            "acl": GoverningRowAclFilter(audiences=["customer"], store=kb),
+        },
+        [("retriever.documents", "acl.documents")],
+    )

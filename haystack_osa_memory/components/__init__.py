@@ -8,6 +8,7 @@ from haystack_osa_memory.components.privacy_redactor import PrivacyRedactor
 from haystack_osa_memory.components.scope_marker_stripper import ScopeMarkerStripper
 from haystack_osa_memory.components.scope_marker_writer import ScopeMarkerWriter
 from haystack_osa_memory.components.scoped_memory_retriever import ScopedMemoryRetriever
+from haystack_osa_memory.components.supersession_judge import SupersessionJudge
 
 __all__ = [
     "GovernedFactWriter",
@@ -19,4 +20,5 @@ __all__ = [
     "ScopeMarkerStripper",
     "ScopeMarkerWriter",
     "ScopedMemoryRetriever",
+    "SupersessionJudge",
 ]

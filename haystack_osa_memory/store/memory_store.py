@@ -4,21 +4,60 @@ Like pgvector-haystack's ``PgvectorDocumentStore``, components take a store (``s
 ``to_dict()`` in their own and call its repositories; only the store touches the connection. Its
 settings come from the constructor, never from the environment: the connection string is a
 ``Secret`` (``PG_CONN_STR`` by default), resolved on first use.
+
+A store built from a `MemoryConfig` whose connection string was given in code (or is the embedded
+database's URI, which is never exported to the environment) holds it as a `ConnectionSecret`: used in
+this process, serialised as the environment variable `CONNECTION_ENV`. A saved pipeline never holds the
+value; whoever loads it sets ``PG_CONN_STR`` to the database it should reach.
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from haystack import default_from_dict, default_to_dict
 from haystack.utils import Secret, deserialize_secrets_inplace
+from haystack.utils.auth import EnvVarSecret
 
 from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.errors import ConfigurationError
 from haystack_osa_memory.store.facts import FactRepository
 from haystack_osa_memory.store.lifecycle import LifecycleRepository
 from haystack_osa_memory.store.tokens import TokenStore
+
+#: The environment variable a serialised store names for its connection string.
+CONNECTION_ENV = "PG_CONN_STR"
+
+
+@dataclass(frozen=True)
+class ConnectionSecret(EnvVarSecret):
+    """A connection string given in code: this process uses it; serialised, it is the environment variable
+    it should be read from elsewhere (never the value, as with any environment-variable secret).
+
+    A pipeline loaded from what it wrote is an ordinary environment-variable secret.
+    """
+
+    _value: str = field(default="", repr=False)
+
+    def resolve_value(self) -> str:
+        return self._value
+
+    def _to_dict(self) -> dict[str, Any]:
+        # Fail closed: a saved pipeline would reach the database the variable names, not this one.
+        named = [os.environ[name] for name in self._env_vars if os.environ.get(name)]
+        if named and named[0] != self._value:
+            names = " or ".join(self._env_vars)
+            msg = (
+                f"this connection string was given in code but {names} names another database, so a saved "
+                f"pipeline would reach that one: set {names} to the same database, or give the store "
+                "connection_string=Secret.from_env_var(NAME) naming a variable that holds it"
+            )
+            raise ConfigurationError(msg)
+        return super()._to_dict()
+
 
 #: The `MemoryConfig` fields a store carries (what reaching the knowledge base needs).
 STORE_FIELDS = (
@@ -52,7 +91,7 @@ class MemoryStore:
     def __init__(
         self,
         *,
-        connection_string: Secret = Secret.from_env_var("PG_CONN_STR"),
+        connection_string: Secret = Secret.from_env_var(CONNECTION_ENV),
         kb_schema: str = "public",
         governing_table: str = "org_documents",
         chunk_table: str = "haystack_documents",
@@ -102,17 +141,23 @@ class MemoryStore:
 
     @classmethod
     def from_config(cls, config: MemoryConfig, connection_string: Secret | None = None) -> MemoryStore:
-        """The store of a `MemoryConfig` (its `pg_conn_str` when set, else ``connection_string``, else
-        the ``PG_CONN_STR`` secret)."""
-        if connection_string is None:
-            connection_string = (
-                Secret.from_token(config.pg_conn_str) if config.pg_conn_str else Secret.from_env_var("PG_CONN_STR")
-            )
-        values = {name: getattr(config, name) for name in STORE_FIELDS}
+        """The store of a `MemoryConfig`.
+
+        Without ``connection_string`` the store connects to ``config.pg_conn_str`` when it is set (the
+        team's database, or the embedded one's URI: a `ConnectionSecret` serialised as `CONNECTION_ENV`);
+        otherwise it reads that variable on first use.
+        """
+        values: dict[str, Any] = {name: getattr(config, name) for name in STORE_FIELDS}
         values["admitted_statuses"], values["redaction_off"] = (
             list(config.admitted_statuses),
             list(config.redaction_off),
         )
+        if connection_string is None:
+            connection_string = (
+                ConnectionSecret(_env_vars=(CONNECTION_ENV,), _value=config.pg_conn_str)
+                if config.pg_conn_str
+                else Secret.from_env_var(CONNECTION_ENV)
+            )
         return cls(connection_string=connection_string, **values)
 
     @property
@@ -121,11 +166,24 @@ class MemoryStore:
 
         :raises ConfigurationError: the secret resolves to nothing.
         """
-        value = self.connection_string.resolve_value()
+        value = self._resolved()
         if not value:
-            msg = "no database connection string: set PG_CONN_STR (or let `osa-memory` start the embedded default)"
+            names = list(getattr(self.connection_string, "_env_vars", ())) or [CONNECTION_ENV]
+            msg = (
+                f"no database connection string: set {' or '.join(names)} to the database's URI (for the "
+                "embedded database, the URI `haystack_osa_memory.store.database.start_embedded` returns), "
+                "or let `osa-memory` start the embedded default"
+            )
             raise ConfigurationError(msg)
         return str(value)
+
+    def _resolved(self) -> str | None:
+        """What ``connection_string`` resolves to now (``None`` when its variable is unset)."""
+        try:
+            value = self.connection_string.resolve_value()
+        except ValueError:  # a strict environment-variable secret whose variable is unset
+            return None
+        return str(value) if value else None
 
     @cached_property
     def facts(self) -> FactRepository:
@@ -143,7 +201,11 @@ class MemoryStore:
         return TokenStore(self.conn_str, self.config)
 
     def to_dict(self) -> dict[str, Any]:
-        """Serialise (the connection string as its secret's reference, never its value)."""
+        """Serialise (the connection string as its secret's reference, never its value).
+
+        :raises ConfigurationError: the store connects to a database given in code while its variable names
+            another one (`ConnectionSecret`).
+        """
         return default_to_dict(
             self,
             connection_string=self.connection_string.to_dict(),
@@ -157,6 +219,10 @@ class MemoryStore:
         return default_from_dict(cls, data)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, MemoryStore) and self.to_dict() == other.to_dict()
+        return (
+            isinstance(other, MemoryStore)
+            and self.connection_string == other.connection_string
+            and all(getattr(self, name) == getattr(other, name) for name in STORE_FIELDS)
+        )
 
     __hash__ = None  # type: ignore[assignment]
