@@ -1,0 +1,113 @@
+"""The console's defences that do not need the database: response headers, the CSRF token and the Origin
+check of state changes, the sign-in rate limit, link schemes, and CSV cells safe from formula injection."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import threading
+import time
+from collections import deque
+from urllib.parse import urlsplit
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+CSP = "default-src 'self'; object-src 'none'; frame-ancestors 'none'; base-uri 'none'"
+SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+)
+# Every page may show facts or tokens: none is kept by a browser or proxy cache.
+NO_STORE = (b"cache-control", b"no-store")
+LINK_SCHEMES = ("http", "https")
+# A spreadsheet evaluates a cell that starts with one of these (tab and carriage return: LibreOffice).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+class SecurityHeaders:
+    """Pure ASGI middleware: the security headers and ``Cache-Control: no-store`` on every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                names = {k.lower() for k, _ in message.get("headers", [])}
+                extra = [h for h in (*SECURITY_HEADERS, NO_STORE) if h[0] not in names]
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def csrf_token(session_id: str) -> str:
+    """The CSRF token of a session: derived from its (HttpOnly, never shown) id, so nothing more is stored."""
+    return hmac.new(session_id.encode(), b"osa-memory console csrf", hashlib.sha256).hexdigest()
+
+
+def csrf_ok(session_id: str, submitted: str | None) -> bool:
+    """Whether a form's CSRF token is the session's (constant-time compare)."""
+    return bool(submitted) and hmac.compare_digest(csrf_token(session_id), str(submitted))
+
+
+def same_origin(origin: str | None, fetch_site: str | None, own_origin: str) -> bool:
+    """Whether a state-changing request comes from the console's own pages.
+
+    Browsers send ``Origin`` on every POST; under ``Referrer-Policy: no-referrer`` it is ``null`` even for
+    a same-origin form, and then ``Sec-Fetch-Site: same-origin`` tells. Neither header: refused.
+    """
+    if origin and origin != "null":
+        return hmac.compare_digest(origin.rstrip("/").lower(), own_origin.rstrip("/").lower())
+    return fetch_site == "same-origin"
+
+
+def safe_link(url: str | None) -> str | None:
+    """``url`` when its scheme is allowed (http, https), else ``None`` (shown as text, never as a link)."""
+    if not url:
+        return None
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:
+        return None
+    if parts.scheme.lower() not in LINK_SCHEMES or not parts.netloc:
+        return None
+    return url.strip()
+
+
+def csv_cell(value: object) -> str:
+    """A CSV cell a spreadsheet shows as text: a leading ``=``, ``+``, ``-``, ``@``, tab or CR gets a ``'``."""
+    text = "" if value is None else str(value)
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
+
+
+class RateLimiter:
+    """At most ``limit`` events per ``window`` seconds per key (sign-in attempts per client address)."""
+
+    def __init__(self, limit: int, window: float) -> None:
+        self.limit = limit
+        self.window = window
+        self._events: dict[str, deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def allow(self, key: str) -> bool:
+        """Record one attempt for ``key``; ``False`` when it is over the limit (the attempt is not run)."""
+        now = time.monotonic()
+        with self._lock:
+            events = self._events.setdefault(key, deque())
+            while events and now - events[0] > self.window:
+                events.popleft()
+            if len(events) >= self.limit:
+                return False
+            events.append(now)
+            if len(self._events) > 10_000:  # forget idle keys rather than grow without bound
+                for stale in [k for k, v in self._events.items() if not v or now - v[-1] > self.window]:
+                    del self._events[stale]
+            return True
