@@ -12,10 +12,10 @@ from typing import Any
 
 from haystack import Document, Pipeline
 from haystack.core.errors import PipelineRuntimeError
-from haystack.utils import Secret
 
 from haystack_osa_memory.builders import build_customer_search_pipeline, build_recall_pipeline, build_store_pipeline
 from haystack_osa_memory.caller import Caller
+from haystack_osa_memory.components.supersession_judge import SupersessionJudge
 from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.embedders import build_embedders
 from haystack_osa_memory.errors import DatabaseError, InvalidInputError, MemoryOffError, NotFoundError, OsaMemoryError
@@ -37,7 +37,7 @@ from haystack_osa_memory.store.lifecycle import (
 from haystack_osa_memory.store.memory_store import MemoryStore
 from haystack_osa_memory.store.schema import InitReport, SchemaState, ensure_schema, prepare_schema
 from haystack_osa_memory.supersession import Weights, fact_words, similarity, value_changed
-from haystack_osa_memory.tools import SUPERSEDES_MAX, RecallArguments, StoreArguments
+from haystack_osa_memory.tools import HELD_STATUSES, SUPERSEDES_MAX, RecallArguments, StoreArguments
 from haystack_osa_memory.transfer import ImportItem, ImportReport, import_facts
 from haystack_osa_memory.validation import (
     KINDS,
@@ -63,7 +63,7 @@ from haystack_osa_memory.validation import (
     check_validity,
     normalise,
 )
-from haystack_osa_memory.yaml_pipelines import EMBED, PipelineDefinitions, load_pipeline
+from haystack_osa_memory.yaml_pipelines import EMBED, JUDGE, PipelineDefinitions, judge_of, load_pipeline
 
 logger = logging.getLogger(__name__)
 
@@ -78,11 +78,6 @@ SUGGESTION_COSINE_MIN = 0.5
 #: ... and the two share a word that names the subject: one weighing at least this share of the new fact's
 #: heaviest word among the matches. Two subjects written with one template share only its light words.
 SUGGESTION_SHARED_SHARE = 0.5
-JUDGE_PROMPT = """You keep an engineering team's memory. Does the NEW fact replace the OLD fact, i.e. is it \
-about the same subject and states a changed value, so that the OLD fact no longer holds?
-OLD: {old}
-NEW: {new}
-Answer with one word: yes or no."""
 
 
 def _unwrap(error: PipelineRuntimeError) -> BaseException:
@@ -165,15 +160,20 @@ class Memory:
         :param init_schema: Apply the migrations on first use, as `osa-memory init` does. Off by default:
             on a team's database (`PG_CONN_STR`) memory only checks the schema version and runs no DDL;
             the embedded default database is brought up to date automatically.
-        :param judge: Any Haystack chat generator (``run(messages=[ChatMessage])`` answering ``replies``) that
-            decides whether a stored fact replaces the facts `possibly_supersedes` would offer; those it
-            confirms are superseded at once. Off by default (no LLM is needed).
+        :param judge: Any Haystack chat generator (``run(messages=[ChatMessage])`` answering ``replies``), or a
+            `SupersessionJudge` wrapping one with its budget, that decides whether a stored fact replaces the
+            facts `possibly_supersedes` would offer; those it confirms are superseded at once, and when it
+            fails or runs out of time they are offered as suggestions. Off by default (no LLM is needed);
+            with ``definitions``, the store YAML may name one instead (component `judge`).
         :param definitions: Run these YAML store and recall pipelines (`yaml_pipelines`) instead of the
             built-in ones; their embedder is the one used, and the embedder arguments are then not allowed.
         """
         self.config = config or MemoryConfig.from_env()
         self.definitions = definitions
-        self.judge = judge
+        self.judge: SupersessionJudge | None = (
+            judge if judge is None or isinstance(judge, SupersessionJudge) else SupersessionJudge(chat_generator=judge)
+        )
+        self._judge_given = self.judge
         if definitions is not None:
             if document_embedder is not None or text_embedder is not None:
                 msg = "the pipeline definitions name their embedder: give embedders or definitions, not both"
@@ -213,13 +213,17 @@ class Memory:
                 self.init_report = ensure_schema(self.conn_str, self.config)
             self.schema, report = prepare_schema(self.conn_str, self.config)
             self.init_report = self.init_report or report
-            self.kb = MemoryStore.from_config(self.config, Secret.from_token(self.conn_str))
+            # The resolved string is used in this process; saved pipelines name PG_CONN_STR instead.
+            self.kb = MemoryStore.from_config(self.config.model_copy(update={"pg_conn_str": self.conn_str}))
             if self.definitions is not None:
                 origin = self.definitions.origin
                 store = load_pipeline(self.definitions.store, config=self.config, store=self.kb, origin=origin)
                 recall = load_pipeline(self.definitions.recall, config=self.config, store=self.kb, origin=origin)
                 # The YAML's embedder is the one in use (status, degraded answers, import).
                 names = {n for n, _ in store.walk()}, {n for n, _ in recall.walk()}
+                if JUDGE in names[0]:
+                    # It runs after the store pipeline, on what the store found, never inside the pipeline.
+                    self.judge = judge_of(store.remove_component(JUDGE), self._judge_given, origin)
                 self.document_embedder = store.get_component(EMBED) if EMBED in names[0] else None
                 self.text_embedder = recall.get_component(EMBED) if EMBED in names[1] else None
             else:
@@ -227,8 +231,11 @@ class Memory:
                 recall = build_recall_pipeline(self.config, self.text_embedder, store=self.kb)
             store.warm_up()
             recall.warm_up()
-            if self.judge is not None and hasattr(self.judge, "warm_up"):
-                self.judge.warm_up()
+            if self.judge is not None:
+                try:
+                    self.judge.warm_up()
+                except Exception as e:  # stores still work; the judge answers `degraded` and suggests instead
+                    logger.warning("the supersession judge could not be warmed up: %s", type(e).__name__)
             self.lifecycle = self.kb.lifecycle
             self.store_pipeline, self.recall_pipeline = store, recall
 
@@ -239,10 +246,25 @@ class Memory:
             raise MemoryOffError()
         self.warm_up()
         assert self.lifecycle is not None
-        if self.lifecycle.is_off(caller.org_id, caller.assignment_id):
+        try:
+            off = self.lifecycle.is_off(caller.org_id, caller.assignment_id)
+        except DatabaseError as e:
+            self._refuse_if_known_off(caller, e)
+            raise
+        self.offline.switches.note(caller, off)
+        if off:
             raise MemoryOffError()
+        if self.offline.switches.list_due():
+            switches = self.lifecycle.switches()
+            self.offline.switches.note_all((s["org_id"], s["assignment_id"]) for s in switches)
         self.flush()
         return self.lifecycle
+
+    def _refuse_if_known_off(self, caller: Caller, error: DatabaseError) -> None:
+        """While the database is unreachable, a scope last seen switched off is refused at once, as it
+        would be with the database up: nothing is buffered that the replay would have to hold back."""
+        if classify(error) == "unreachable" and self.offline.switches.known_off(caller):
+            raise MemoryOffError() from None
 
     def _write(
         self,
@@ -252,9 +274,11 @@ class Memory:
         status: str | None = None,
         action: str = "store",
         vectors: list[Any] | None = None,
+        statuses: list[str] | None = None,
     ) -> tuple[list[str], int]:
         """Run the store pipeline; returns the document ids and how many values were redacted. With
-        ``vectors``, the documents' embeddings (or ``None``) are appended to it."""
+        ``vectors``, the documents' embeddings (or ``None``) are appended to it; with ``statuses``, the
+        status each fact has after the write."""
         assert self.store_pipeline is not None
         scope = {
             "org_id": caller.org_id,
@@ -271,6 +295,8 @@ class Memory:
         result = _run(self.store_pipeline, data, include={"redact", "mark"} if vectors is not None else {"redact"})
         if vectors is not None:
             vectors.extend(doc.embedding for doc in result.get("mark", {}).get("documents", []))
+        if statuses is not None:
+            statuses.extend(result["write"].get("statuses", []))
         return list(result["write"]["document_ids"]), int(result["redact"]["redactions"])
 
     # -- tools ---------------------------------------------------------------------------------
@@ -330,7 +356,10 @@ class Memory:
         try:
             self._lifecycle(caller)
             vectors: list[Any] = []
-            (doc_id,), redactions = self._write([Document(content=text, meta=meta)], caller, vectors=vectors)
+            statuses: list[str] = []
+            (doc_id,), redactions = self._write(
+                [Document(content=text, meta=meta)], caller, vectors=vectors, statuses=statuses
+            )
         except DatabaseError as e:
             if classify(e) != "unreachable":
                 raise
@@ -342,6 +371,9 @@ class Memory:
             "document_id": doc_id,
             "redactions": redactions + topic_redactions,
         }
+        if statuses and statuses[0] in HELD_STATUSES:
+            # The same text as a fact waiting for (or refused by) a person's review: it stays so.
+            answer["status"] = statuses[0]
         if replaced:
             answer["superseded"] = replaced
         if not self.config.suggest_supersedes:
@@ -356,24 +388,24 @@ class Memory:
             return answer
         if self.judge is not None and possible:
             try:
-                confirmed = self._judged(text, possible)
+                # It sees what was stored (redacted), never the caller's raw text: it may be a remote LLM.
+                verdict = self.judge.run(fact=self._redact_short(text)[0] or text, candidates=possible)
+                confirmed = list(verdict["superseded"])
                 if confirmed:
                     meta["supersedes"] = confirmed
                     self._write([Document(content=text, meta=meta)], caller, action="store-judged")
                     answer["superseded"] = [*replaced, *confirmed]
-                possible = []
-            except Exception as e:  # any chat generator, any failure: its suggestions are returned instead
+                if verdict["degraded"]:
+                    logger.warning("store %s: %s; its suggestions are returned", doc_id, verdict["degraded"])
+                possible = [p for p in possible if p["document_id"] in set(verdict["undecided"])]
+            except Exception as e:  # the supersession itself failed: the suggestions are returned instead
                 logger.warning(
-                    "store %s: the judge failed (%s); its suggestions are returned", doc_id, type(e).__name__
+                    "store %s: the judge's supersession failed (%s); its suggestions are returned",
+                    doc_id,
+                    type(e).__name__,
                 )
         answer["possibly_supersedes"] = possible
         return answer
-
-    def _judged(self, text: str, possible: list[dict[str, str]]) -> list[str]:
-        """The ids of ``possible`` the judge says ``text`` replaces. It sees what was stored (redacted),
-        never the caller's raw text: it may be a remote LLM."""
-        shown = self._redact_short(text)[0] or text
-        return [p["document_id"] for p in possible if self._judge_says_replaces(p["content"], shown)]
 
     def store_arguments(self, args: StoreArguments, *, caller: Caller) -> dict[str, Any]:
         """`store` with the `kb_memory_store` tool's arguments (the MCP wrapper and the Agent tool)."""
@@ -433,16 +465,6 @@ class Memory:
             and max((weights(t) for t in words.tokens & new.tokens), default=0.0) >= SUGGESTION_SHARED_SHARE * top
         ][:SUGGESTIONS_MAX]
 
-    def _judge_says_replaces(self, old: str, new: str) -> bool:
-        """Ask the configured chat generator whether ``new`` replaces ``old`` (first word yes / no)."""
-        from haystack.dataclasses import ChatMessage
-
-        assert self.judge is not None
-        prompt = JUDGE_PROMPT.format(old=old, new=new)
-        replies = self.judge.run(messages=[ChatMessage.from_user(prompt)]).get("replies") or []
-        answer = (replies[0].text or "") if replies else ""
-        return answer.strip().lower().startswith("yes")
-
     def _redact_short(self, text: str | None) -> tuple[str | None, int]:
         """Redact a short field (topic) with the configured classes."""
         if text is None:
@@ -458,8 +480,9 @@ class Memory:
         return self.offline.hold(redacted or text, meta, caller, redactions=redactions, error=error)
 
     def flush(self) -> int:
-        """Store the facts held while the database was unreachable (`OfflineBuffer.replay`): in order,
-        each in its own scope, only while its token is still active. Called automatically by the first
+        """Store the facts held while the database was unreachable (`OfflineBuffer.replay`): each in its
+        own scope, in order within it, only while its token is still active (else set aside in the rejected
+        file) and its scope switched on (else kept for a later replay). Called automatically by the first
         successful database call. Returns how many were stored."""
         from haystack_osa_memory.store.tokens import TokenStore
 
@@ -704,8 +727,8 @@ class Memory:
             settings=settings or ReflectSettings(),
             summariser=summariser,
             write_observation=write_observation,
-            consolidate=lambda observation_id, evidence, raw_ids: lifecycle.consolidate(
-                scope, observation_id, evidence, raw_ids, actor=caller.run_id
+            consolidate=lambda observation_id, evidence, raw_ids, validity: lifecycle.consolidate(
+                scope, observation_id, evidence, raw_ids, actor=caller.run_id, validity=validity
             ),
         )
         return report.as_dict()
@@ -720,10 +743,14 @@ class Memory:
     ) -> ImportReport:
         """Store many facts in batches; facts already there (same bytes, same scope) are skipped.
 
-        Idempotent and resumable: re-running an import stores nothing new.
+        An operator's action (`osa-memory import`): the statuses the items give are restored as they are.
+        Facts the tools would refuse are reported in ``invalid`` and the rest stored; facts that supersede
+        others of the items are written after them; the planner's statistics are refreshed as the facts
+        arrive (`transfer.import_facts`). Idempotent and resumable: re-running an import stores nothing new.
         """
         lifecycle = self._lifecycle(caller)
         assert self.store_pipeline is not None
+        assert self.kb is not None
         redactor = self.store_pipeline.get_component("redact")
 
         def redact_batch(docs: list[Document]) -> tuple[list[Document], int]:
@@ -741,6 +768,7 @@ class Memory:
                 write=lambda docs, status: self._write(docs, caller, status=status, action="import"),
                 batch_size=batch_size,
                 on_batch=on_batch,
+                analyze=self.kb.facts.analyze,
             )
 
     def export(self, *, caller: Caller) -> Iterator[dict[str, Any]]:
@@ -758,6 +786,8 @@ class Memory:
         conn_str = self.conn_str or resolve_connection_string(self.config)
         state, detail = probe(conn_str, self.config, count_scope_statement(self.config), _scope_params(caller))
         facts: int | None = None
+        if state == "unreachable" and self.offline.switches.known_off(caller):
+            raise MemoryOffError()
         if state == "ok":
             lifecycle = self._lifecycle(caller)
             facts = lifecycle.count_scope(Scope(caller.org_id, caller.assignment_id))
@@ -781,6 +811,20 @@ class Memory:
             "scope": {"org_id": caller.org_id, "assignment_id": caller.assignment_id},
             "facts": facts,
         }
+
+    def scopes(self, *, caller: Caller) -> dict[str, Any]:
+        """The assignments the caller's token grants: `{"org_id", "default_assignment", "assignments"}`.
+
+        :raises MemoryOffError: a kill switch (server, org or the caller's default assignment) is off, as
+            for every tool. While the database is unreachable, a scope last seen off is refused the same
+            way; any other is answered from the token the server verified (nothing is read or written).
+        """
+        try:
+            self._lifecycle(caller)
+        except DatabaseError as e:
+            if classify(e) != "unreachable":
+                raise
+        return {"org_id": caller.org_id, "default_assignment": caller.assignment_id, "assignments": list(caller.grants)}
 
     def pending(self) -> int:
         """Facts waiting in the offline buffer (every scope)."""

@@ -43,6 +43,8 @@ ASSIGNMENT_MAX: Final = 128
 SUPERSEDES_MAX: Final = 20
 #: An ISO 8601 date or date-time (`2026-03-01`, `2026-03-01T09:30:00+01:00`); without an offset, UTC.
 TIMESTAMP_MAX: Final = 40
+#: Times from the start of this year up to (not including) the start of the last one, in UTC.
+TIMESTAMP_YEARS: Final = (1900, 9000)
 DOCUMENT_ID_LENGTH: Final = 64
 #: Facts per page of `kb_memory_list`.
 PAGE_SIZE: Final = 20
@@ -65,8 +67,101 @@ VERDICTS: tuple[str, ...] = get_args(Verdict)
 LISTABLE_STATUSES: tuple[str, ...] = get_args(ListableStatus)
 STATUSES: tuple[str, ...] = get_args(Status)
 APPROVED, PROPOSED, FLAGGED, REJECTED, SUPERSEDED, CONSOLIDATED, RETIRED = STATUSES
+
+# -- the governed lifecycle: the one table of allowed transitions -------------------------------------
+#: What can happen to a fact. Agents act through the tools (`supersede`: another fact names it in
+#: `supersedes`; `confirm` / `flag`: votes until trust crosses the floor; `reflect`: it repeats another
+#: approved fact; `forget, then store`: its text stored again after `kb_memory_forget`); `import` is the
+#: operator's `osa-memory import` of its text; people act through `osa-memory review`.
+AGENT_ACTIONS: tuple[str, ...] = (
+    "store",
+    "supersede",
+    "propose",
+    "confirm",
+    "flag",
+    "import",
+    "reflect",
+    "forget",
+    "forget, then store",
+)
+PERSON_ACTIONS: tuple[str, ...] = ("review accept", "review reject")
+ACTIONS: tuple[str, ...] = AGENT_ACTIONS + PERSON_ACTIONS
+#: The source of a fact that does not exist yet.
+NEW: Final = "new"
+_LIVE: tuple[str, ...] = (APPROVED, PROPOSED, FLAGGED, REJECTED, SUPERSEDED, CONSOLIDATED)
+
+
+def _outcomes() -> dict[tuple[str, str], tuple[str, bool]]:
+    """(status, action) -> (status after, refused): every live status and every action, plus `new`."""
+    table: dict[tuple[str, str], tuple[str, bool]] = {}
+    for status in _LIVE:
+        for action in ACTIONS:
+            table[(status, action)] = (status, False)  # by default nothing changes
+        table[(status, "supersede")] = (status, True)
+        table[(status, "propose")] = (status, True)  # a duplicate of a fact of the scope
+        table[(status, "forget")] = (RETIRED, False)
+        # Only a person's decision lets a fact forgotten while held come back recalled.
+        held = status in (PROPOSED, FLAGGED, REJECTED)
+        table[(status, "forget, then store")] = (PROPOSED if held else APPROVED, False)
+        reviewable = status in (PROPOSED, FLAGGED)
+        table[(status, "review accept")] = (APPROVED if reviewable else status, not reviewable)
+        table[(status, "review reject")] = (REJECTED if reviewable else status, not reviewable)
+    table[(APPROVED, "supersede")] = (SUPERSEDED, False)
+    table[(APPROVED, "flag")] = (FLAGGED, False)
+    table[(APPROVED, "reflect")] = (CONSOLIDATED, False)
+    table[(SUPERSEDED, "store")] = (APPROVED, False)  # the value went back: it holds again
+    table[(NEW, "store")] = (APPROVED, False)
+    table[(NEW, "propose")] = (PROPOSED, False)
+    table[(NEW, "import")] = (APPROVED, False)  # or the status the file gives
+    return table
+
+
+#: (status, action) -> (status after, whether the tool refuses): the only transitions the lifecycle allows
+#: (docs/lifecycle.md renders it with :func:`transitions_markdown`; tests try every cell).
+TRANSITIONS: Final[dict[tuple[str, str], tuple[str, bool]]] = _outcomes()
+
+
+def _sources(action: str, target: str) -> tuple[str, ...]:
+    return tuple(s for s in _LIVE if TRANSITIONS[(s, action)] == (target, False) and s != target)
+
+
 #: Statuses a fact can be superseded from (a newer fact replaces it; see `kb_memory_store`'s `supersedes`).
-SUPERSEDABLE_STATUSES: tuple[str, ...] = (APPROVED, PROPOSED, FLAGGED)
+SUPERSEDABLE_STATUSES: tuple[str, ...] = _sources("supersede", SUPERSEDED)
+#: Statuses a person's review accepts or rejects.
+REVIEWABLE_STATUSES: tuple[str, ...] = _sources("review accept", APPROVED)
+#: Statuses only a person's review moves a fact out of into recall: storing the same text keeps them, and
+#: the text of a fact forgotten in one of them comes back `proposed`.
+HELD_STATUSES: tuple[str, ...] = (*_sources("forget, then store", PROPOSED), PROPOSED)
+#: Statuses feedback may change (flags take trust below the floor; confirmations never lift a flag).
+FLAGGABLE_STATUSES: tuple[str, ...] = _sources("flag", FLAGGED)
+
+
+def transitions_markdown() -> str:
+    """docs/lifecycle.md's transition table and diagram, rendered from `TRANSITIONS`."""
+    head = "| status | " + " | ".join(f"{a}{' (person)' if a in PERSON_ACTIONS else ''}" for a in ACTIONS) + " |"
+    rows = [head, "|" + "---|" * (len(ACTIONS) + 1)]
+    for status in (NEW, *_LIVE):
+        cells = []
+        for action in ACTIONS:
+            outcome = TRANSITIONS.get((status, action))
+            if outcome is None:
+                cells.append("")
+            else:
+                after, refused = outcome
+                cells.append("refused" if refused else ("·" if after == status else f"**{after}**"))
+        rows.append(f"| `{status}` | " + " | ".join(cells) + " |")
+    edges: dict[tuple[str, str], list[str]] = {}
+    for (status, action), (after, refused) in TRANSITIONS.items():
+        if not refused and after != status:
+            edges.setdefault((status, after), []).append(action)
+    diagram = ["```mermaid", "stateDiagram-v2"]
+    for (status, after), actions in edges.items():
+        source = "[*]" if status == NEW else status
+        diagram.append(f"    {source} --> {after}: {', '.join(actions)}")
+    diagram.append("```")
+    return "\n".join([*rows, "", *diagram])
+
+
 DATABASE_STATES: tuple[str, ...] = get_args(DatabaseState)
 
 
@@ -74,7 +169,10 @@ def _text(max_len: int, min_len: int = 1) -> Any:
     return Field(min_length=min_len, max_length=max_len)
 
 
-_TIMESTAMP = "ISO 8601 date or date-time (without an offset: UTC)"
+_TIMESTAMP = (
+    f"ISO 8601 date or date-time between the years {TIMESTAMP_YEARS[0]} and {TIMESTAMP_YEARS[1]} "
+    "(without an offset: UTC)"
+)
 _ACT_ON = "Optional assignment to act on, one granted to your token (default: its first)."
 _DOCUMENT_ID = f"The fact's {DOCUMENT_ID_LENGTH}-character id."
 
@@ -257,6 +355,11 @@ class StoreResult(BaseModel):
         "store again with `supersedes` to confirm.",
     )
     superseded: list[str] | None = Field(None, description="The facts this store superseded.")
+    status: str | None = Field(
+        None,
+        description="Present when the same text waits for a person's review (proposed, flagged) or was refused "
+        "(rejected): storing it again keeps that status, it is not recalled.",
+    )
     queued: bool | None = Field(None, description="True when the fact waits in the server's offline buffer.")
     reason: str | None = Field(None, description="Why the fact was queued.")
     pending: int | None = Field(None, description="Facts of this assignment waiting in the buffer.")
@@ -519,7 +622,8 @@ LIST = ToolSpec(
 )
 REFLECT = ToolSpec(
     "kb_memory_reflect",
-    "Consolidate near-duplicate and repeated facts of this assignment into observations; reports what changed.",
+    "Consolidate facts of this assignment that say the same thing (never facts whose values differ) into "
+    "observations; reports what changed.",
     ReflectArguments,
     ReflectResult,
 )

@@ -41,6 +41,10 @@ assignment_app = typer.Typer(help="Kill switch for one assignment.", no_args_is_
 app.add_typer(assignment_app, name="assignment")
 org_app = typer.Typer(help="Kill switch for a whole org.", no_args_is_help=True)
 app.add_typer(org_app, name="org")
+queue_app = typer.Typer(
+    help="The offline buffer: list the facts set aside at replay, and queue one again.", no_args_is_help=True
+)
+app.add_typer(queue_app, name="queue")
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -80,7 +84,7 @@ def _connect(config: MemoryConfig) -> str:
     from haystack_osa_memory.store.schema import prepare_schema
 
     try:
-        conn = resolve_connection_string(config)
+        conn = resolve_connection_string(config, export=True)  # `serve`'s workers read it
         prepare_schema(conn, config)
     except SchemaError as e:
         _fail(str(e))
@@ -140,6 +144,10 @@ def init(
     lock_timeout: Annotated[
         int, typer.Option("--lock-timeout", help="Milliseconds to wait for a table lock before giving up.", min=1)
     ] = 5000,
+    console_role: Annotated[
+        str | None,
+        typer.Option("--console-role", help="Grant this existing role what `osa-memory console` needs (no DDL)."),
+    ] = None,
 ) -> None:
     """Create or upgrade the schema: the only command that changes tables (alias: upgrade).
 
@@ -152,6 +160,8 @@ def init(
     config = _config(data_dir)
     if runtime_role is not None and not runtime_role.replace("_", "a").isalnum():
         _fail(f"runtime role {runtime_role!r} is not allowed: use letters, digits and '_'")
+    if console_role is not None and not console_role.replace("_", "a").isalnum():
+        _fail(f"console role {console_role!r} is not allowed: use letters, digits and '_'")
     with _or_fail():
         report = ensure_schema(
             resolve_connection_string(config),
@@ -160,9 +170,12 @@ def init(
             row_level_security=row_level_security,
             runtime_role=runtime_role,
             lock_timeout_ms=lock_timeout,
+            console_role=console_role,
         )
+        # Data an earlier version let into states the lifecycle forbids is repaired at every init.
+        repaired = None if dry_run else _repair(resolve_connection_string(config), config, dry_run=False)
     if as_json:
-        _emit(report.as_dict(), True)
+        _emit({**report.as_dict(), **({"repair": repaired.as_dict()} if repaired else {})}, True)
         return
     if dry_run:
         _print_steps(report)
@@ -177,8 +190,12 @@ def init(
     for name in report.existing:
         out.print(f"kept     {name}")
     out.print(f"schema version {report.version_before} -> {report.version_after}")
+    if repaired is not None and repaired.changed:
+        _print_repair(repaired)
     if runtime_role:
         out.print(f"granted  row rights to {runtime_role} (docs/operations.md)", highlight=False)
+    if console_role:
+        out.print(f"granted  console rights to {console_role} (docs/console.md)", highlight=False)
     if report.row_level_security:
         out.print("row-level security on: facts are visible only inside their scope", highlight=False)
     elif config.pg_conn_str:  # a team's database; the embedded default is ours alone
@@ -229,6 +246,7 @@ def serve(
 
     import uvicorn
 
+    from haystack_osa_memory.mcp.guard import start_database_guard, stop_database_guard
     from haystack_osa_memory.mcp.server import (
         PIPELINES_DIR_ENV,
         CachingVerifier,
@@ -242,12 +260,16 @@ def serve(
     from haystack_osa_memory.store.tokens import TokenStore
 
     exit_on_sigterm()  # before the database starts: a SIGTERM at any point must still stop it
+    install_log_scrubbing(log_level)  # before anything logs: settings and database errors are scrubbed too
     metrics_endpoint = None
+    guard = None
     try:
         config = _config(data_dir)
         # Before the app loads or any worker starts: they inherit the metrics folder it exports.
         metrics_endpoint = _serve_metrics(host, metrics_port, port, config)
         conn = _connect(config)
+        if not config.pg_conn_str:
+            guard = start_database_guard(config.data_dir)  # stops the embedded database if this process is killed
         processes = workers or default_workers()
         where = "PG_CONN_STR" if config.pg_conn_str else f"embedded PostgreSQL in {config.data_dir}"
         if processes > 1:
@@ -265,7 +287,7 @@ def serve(
             return
         tokens = TokenStore(conn, config)
         try:
-            asgi = create_app(CachingVerifier(tokens.verify, config.offline_grace), pipelines_dir)
+            asgi = create_app(CachingVerifier(tokens, config.offline_grace), pipelines_dir)
         except Exception as e:
             _fail(f"the MCP tools could not be loaded: {type(e).__name__}: {e}")
         err.print(f"osa-memory MCP server on http://{host}:{port}/mcp (data: {where})", highlight=False)
@@ -273,7 +295,6 @@ def serve(
             err.print(f"note: {RLS_VISIBLE_WARNING}", highlight=False)
         # uvicorn.Config sets up uvicorn's log handlers; the scrubber goes on them before anything is served.
         server = uvicorn.Server(uvicorn.Config(asgi, host=host, port=port, log_level=log_level))
-        install_log_scrubbing()
         with suppress(KeyboardInterrupt):  # Ctrl-C after a graceful shutdown: a clean exit, as with uvicorn.run
             server.run()
         if not server.started:
@@ -282,6 +303,8 @@ def serve(
         if metrics_endpoint is not None:
             metrics_endpoint.close()
         stop_embedded()
+        if guard is not None:  # this process left the database cleanly: the guard has nothing to do
+            stop_database_guard(guard)
 
 
 def _serve_workers(host: str, port: int, log_level: str, processes: int) -> None:
@@ -329,43 +352,74 @@ def _serve_workers(host: str, port: int, log_level: str, processes: int) -> None
 def token_create(
     org: Annotated[str, typer.Option("--org", help="Org the token acts for.")],
     assignment: Annotated[
-        list[str], typer.Option("--assignment", help="Assignment the token may use; repeat to grant several.")
-    ],
+        list[str] | None,
+        typer.Option("--assignment", help="Assignment the token may use; repeat to grant several (agent tokens)."),
+    ] = None,
     specialist: Annotated[str | None, typer.Option("--specialist", help="Specialist id, recorded on facts.")] = None,
     expires_in: Annotated[str | None, typer.Option("--expires-in", help="Lifetime such as 30m, 8h, 7d.")] = None,
+    role: Annotated[
+        str,
+        typer.Option(
+            "--role", help="agent (acts over MCP), reviewer (review console) or admin (console, switches, tokens)."
+        ),
+    ] = "agent",
+    name: Annotated[str | None, typer.Option("--name", help="The person a reviewer or admin token is for.")] = None,
     data_dir: DataDir = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Create a token; it is printed once (only its hash is stored). The first assignment is the default."""
-    from haystack_osa_memory.store.tokens import TokenStore, parse_duration
+    """Create a token; it is printed once (only its hash is stored).
 
+    Agent tokens (the default) need `--assignment` (the first is the default). Reviewer and admin tokens
+    name a person (`--name`) of one org, sign in to `osa-memory console` only and are refused on `/mcp`.
+    """
+    from haystack_osa_memory.store.tokens import AGENT, ROLES, TokenStore, parse_duration
+
+    if role not in ROLES:
+        _fail(f"role {role!r} is not allowed: use one of {', '.join(ROLES)}")
+    if role == AGENT and not assignment:
+        _fail("an agent token needs at least one --assignment")
+    if role != AGENT and (assignment or specialist):
+        _fail(f"a {role} token acts on a whole org in the console: drop --assignment and --specialist")
+    if role != AGENT and not name:
+        _fail(f"a {role} token names its person: add --name (e.g. --name 'Ana Silva')")
     config = _config(data_dir)
     with _or_fail():
         lifetime = parse_duration(expires_in) if expires_in else None
-        issued = TokenStore(_connect(config), config).create(
-            org_id=org,
-            assignment_id=assignment[0],
-            specialist_id=specialist,
-            expires_in=lifetime,
-            extra_assignments=assignment[1:],
-        )
+        tokens = TokenStore(_connect(config), config)
+        if role != AGENT:
+            person = tokens.create_person(org_id=org, role=role, name=name or "", expires_in=lifetime)
+            token_id, token, expires_at = person.token_id, person.token, person.expires_at
+            grants: list[str] = []
+        else:
+            assert assignment
+            issued = tokens.create(
+                org_id=org,
+                assignment_id=assignment[0],
+                specialist_id=specialist,
+                expires_in=lifetime,
+                extra_assignments=assignment[1:],
+            )
+            token_id, token, expires_at = issued.token_id, issued.token, issued.expires_at
+            grants = list(issued.caller.grants)
     data = {
-        "token_id": issued.token_id,
-        "token": issued.token,
+        "token_id": token_id,
+        "token": token,
         "org": org,
-        "assignment": assignment[0],
-        "assignments": list(issued.caller.grants),
+        "role": role,
+        "assignment": grants[0] if grants else None,
+        "assignments": grants,
         "specialist": specialist,
-        "expires_at": issued.expires_at.isoformat() if issued.expires_at else None,
+        "name": name if role != AGENT else None,
+        "expires_at": expires_at.isoformat() if expires_at else None,
     }
     if as_json:
         _emit(data, True)
         return
-    out.print(issued.token, highlight=False, soft_wrap=True)
-    expiry = f"expires {issued.expires_at.isoformat()}" if issued.expires_at else "no expiry"
+    out.print(token, highlight=False, soft_wrap=True)
+    expiry = f"expires {expires_at.isoformat()}" if expires_at else "no expiry"
+    scope = f"assignment(s) {', '.join(grants)}" if grants else f"the review console as {role}"
     err.print(
-        f"token id {issued.token_id} for org {org}, assignment(s) {', '.join(issued.caller.grants)}, {expiry}. "
-        "Store it now: it is not shown again.",
+        f"token id {token_id} for org {org}, {scope}, {expiry}. Store it now: it is not shown again.",
         highlight=False,
     )
 
@@ -397,17 +451,113 @@ def token_list(data_dir: DataDir = None, as_json: JsonFlag = False) -> None:
     if as_json:
         _emit(rows, True)
         return
-    table = Table("token id", "org", "assignments", "specialist", "expires", "revoked")
+    table = Table("token id", "role", "org", "assignments / name", "specialist", "expires", "revoked")
     for r in rows:
         table.add_row(
             r["token_id"],
+            r["role"],
             r["org_id"],
-            ", ".join(r["assignments"]),
+            ", ".join(r["assignments"]) or (r["name"] or ""),
             r["specialist_id"] or "",
             str(r["expires_at"] or ""),
             str(r["revoked_at"] or ""),
         )
     out.print(table)
+
+
+@app.command()
+def console(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.", min=1, max=65535)] = 1418,
+    idle: Annotated[str, typer.Option("--idle", help="A session ends after this long without a request.")] = "30m",
+    absolute: Annotated[str, typer.Option("--absolute", help="A session ends this long after sign-in.")] = "8h",
+    secure_cookies: Annotated[
+        bool, typer.Option("--secure-cookies", help="Mark the session cookie Secure (behind a TLS proxy).")
+    ] = False,
+    serve_status: Annotated[
+        str | None,
+        typer.Option("--serve-status", help="`osa-memory serve`'s status URL, for the health page."),
+    ] = None,
+    ssl_certfile: Annotated[Path | None, typer.Option(help="Serve over TLS with this certificate.")] = None,
+    ssl_keyfile: Annotated[Path | None, typer.Option(help="The certificate's private key.")] = None,
+    sso_header: Annotated[
+        str | None, typer.Option("--sso-header", help="SSO proxy mode: the header naming the signed-in person.")
+    ] = None,
+    sso_proxy: Annotated[
+        list[str] | None, typer.Option("--sso-proxy", help="The proxy's address; the header counts from it only.")
+    ] = None,
+    sso_map: Annotated[
+        Path | None, typer.Option("--sso-map", help="JSON file: each person's login -> a reviewer or admin token id.")
+    ] = None,
+    data_dir: DataDir = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Serve the review console (web pages for reviewers and admins; sign in with their token).
+
+    Its own process and port: the agents' MCP endpoint serves no human UI. The database role comes from
+    OSA_MEMORY_CONSOLE_PG_CONN_STR when set (`init --console-role`), else PG_CONN_STR.
+    """
+    from contextlib import suppress
+
+    import uvicorn
+
+    from haystack_osa_memory.console import ConsoleSettings, create_console_app
+    from haystack_osa_memory.mcp.server import exit_on_sigterm, install_log_scrubbing
+    from haystack_osa_memory.store.tokens import parse_duration
+
+    exit_on_sigterm()
+    install_log_scrubbing(log_level)
+    config = _config(data_dir)
+    people: dict[str, str] = {}
+    if sso_header or sso_proxy or sso_map:
+        if not (sso_header and sso_proxy and sso_map):
+            _fail("SSO proxy mode needs all three: --sso-header, --sso-proxy (repeatable) and --sso-map")
+        try:
+            loaded = json.loads(sso_map.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            _fail(f"--sso-map {sso_map} could not be read as JSON: {e}")
+        if not isinstance(loaded, dict) or not all(isinstance(v, str) for v in loaded.values()):
+            _fail('--sso-map must hold one JSON object: {"login": "token id", ...}')
+        people = {str(k): v for k, v in loaded.items()}
+    with _or_fail():
+        settings = ConsoleSettings(
+            idle=parse_duration(idle),
+            absolute=parse_duration(absolute),
+            secure_cookies=secure_cookies or ssl_certfile is not None,
+            status_url=serve_status,
+            sso_header=sso_header,
+            sso_proxies=tuple(sso_proxy or ()),
+            sso_people=people,
+        )
+    console_conn = os.environ.get("OSA_MEMORY_CONSOLE_PG_CONN_STR", "").strip()
+    conn = console_conn or _connect(config)
+    if console_conn:
+        from haystack_osa_memory.store.schema import check_schema
+
+        with _or_fail():
+            check_schema(conn, config)
+        # The assignment browser's search runs the recall pipeline, whose components connect through
+        # PG_CONN_STR: in this process that is the console's role too.
+        os.environ["PG_CONN_STR"] = console_conn
+    app_ = create_console_app(conn, config, settings)
+    scheme = "https" if ssl_certfile else "http"
+    err.print(f"osa-memory review console on {scheme}://{host}:{port}/", highlight=False)
+    # No access log: request lines carry fact ids and filters, and nothing of a console request needs it.
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app_,
+            host=host,
+            port=port,
+            log_level=log_level,
+            access_log=False,
+            ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
+            ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
+        )
+    )
+    with suppress(KeyboardInterrupt):
+        server.run()
+    if not server.started:
+        raise typer.Exit(3)
 
 
 def _memory(config: MemoryConfig) -> Any:
@@ -758,7 +908,14 @@ def import_(
     data_dir: DataDir = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Import facts (redacted, in batches, with a progress bar); re-running imports nothing new."""
+    """Import facts (redacted, in batches, with a progress bar); re-running imports nothing new.
+
+    An operator's action, not an agent's: statuses are restored as the file gives them (a backup made by
+    `export` brings its proposed, flagged and rejected facts back as they were, without review). Each line is
+    checked with the tools' limits, every field typed; bad lines are reported by number and the others
+    imported (exit code 1 when any was bad). Facts that recall would never return (valid_to in the past
+    without valid_from) are imported and listed as a warning.
+    """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from haystack_osa_memory.transfer import ImportItem, read_items
@@ -781,19 +938,22 @@ def import_(
             )
         except OsaMemoryError as e:
             _fail(f"{e} (already imported facts are kept; re-run to resume)")
-    report.invalid = invalid
+    report.invalid[:0] = invalid  # lines refused while read, then facts refused while written
+    report.read += len(invalid)
     data = report.as_dict()
     if as_json:
         _emit(data, True)
     else:
         out.print(
-            f"read {data['read'] + data['invalid']}, stored {data['stored']}, "
-            f"already there {data['skipped_existing']}, invalid {data['invalid']}",
+            f"read {data['read']}, stored {data['stored']}, already there {data['skipped_existing']}, "
+            f"invalid {data['invalid']}, never recalled {data['never_recalled']}",
             highlight=False,
         )
-        for line in invalid[:10]:
-            err.print(f"invalid: {line}", highlight=False)
-    if invalid:
+        for line in report.invalid[:10]:
+            err.print(f"invalid: {line}", highlight=False, soft_wrap=True)
+        for line in report.never_recalled[:10]:
+            err.print(f"warning: {line}", highlight=False, soft_wrap=True)
+    if report.invalid:
         raise typer.Exit(1)
 
 
@@ -817,6 +977,98 @@ def export(
     else:
         output.write_text(text, encoding="utf-8")
         err.print(f"exported {len(lines)} facts to {output}", highlight=False)
+
+
+_QUEUE_ITEM_ID = "32 hexadecimal characters, as printed by `osa-memory queue rejected`"
+
+
+@queue_app.command("rejected")
+def queue_rejected(
+    org: Annotated[str | None, typer.Option("--org", help="Only this org.")] = None,
+    assignment: Annotated[str | None, typer.Option("--assignment", help="Only this assignment.")] = None,
+    data_dir: DataDir = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """List the buffered facts the replay set aside (token revoked or expired, or refused), with the reason.
+
+    Reads the buffer's `.rejected` file (OSA_MEMORY_BUFFER); the database is not needed.
+    """
+    from haystack_osa_memory.durable_queue import DurableQueue
+
+    config = _config(data_dir)
+    queue = DurableQueue(config.offline_buffer_path)
+    items = queue.rejected() if queue.rejected_path.exists() else []
+    rows = [
+        {
+            "id": i["id"],
+            "org_id": i.get("org_id"),
+            "assignment_id": i.get("assignment_id"),
+            "token_id": i.get("token_id"),
+            "queued_at": i.get("queued_at"),
+            "rejected_at": i.get("rejected_at"),
+            "reason": i.get("rejected_reason"),
+            "topic": (i.get("meta") or {}).get("topic"),
+            "fact": i.get("fact"),  # redacted before it was buffered
+        }
+        for i in items
+        if (org is None or i.get("org_id") == org) and (assignment is None or i.get("assignment_id") == assignment)
+    ]
+    if as_json:
+        _emit(rows, True)
+        return
+    if not rows:
+        out.print("no facts set aside", highlight=False)
+        return
+    table = Table("id", "org", "assignment", "token", "rejected at", "reason", "fact")
+    for r in rows:
+        table.add_row(
+            r["id"], r["org_id"], r["assignment_id"], r["token_id"] or "-", r["rejected_at"], r["reason"], r["fact"]
+        )
+    out.print(table)
+
+
+@queue_app.command("retry")
+def queue_retry(
+    item_id: Annotated[str, typer.Argument(help="Item id from `queue rejected`.")],
+    as_operator: Annotated[
+        bool,
+        typer.Option(
+            "--as-operator",
+            help="For an item set aside because its token is revoked or expired: store it without its token, "
+            "vouched for by you (the audit shows a local actor).",
+        ),
+    ] = False,
+    data_dir: DataDir = None,
+) -> None:
+    """Queue a fact set aside at replay again; the server's next call that reaches the database stores it
+    (in its original org and assignment)."""
+    import re
+
+    from haystack_osa_memory.durable_queue import DurableQueue
+    from haystack_osa_memory.offline import TOKEN_GONE
+
+    if not re.fullmatch(r"[0-9a-f]{32}", item_id):
+        _fail(f"item id {item_id!r} is not allowed: {_QUEUE_ITEM_ID}")
+    config = _config(data_dir)
+    queue = DurableQueue(config.offline_buffer_path)
+    found = [i for i in (queue.rejected() if queue.rejected_path.exists() else []) if i["id"] == item_id]
+    if not found:
+        _fail(f"no fact set aside with id {item_id}: `osa-memory queue rejected` lists them")
+    item = found[0]
+    token_id = item.get("token_id")
+    token_gone = item.get("rejected_reason") == TOKEN_GONE and token_id is not None
+    if token_gone and not as_operator:
+        _fail(
+            f"item {item_id} was set aside because its token {token_id} is revoked or expired: queued as it is, "
+            "it would be set aside again. Pass --as-operator to store it without its token, vouched for by you"
+        )
+    changes = {"token_id": None, "vouched_by": _operator(), "rejected_token_id": token_id} if as_operator else None
+    queue.restore({item_id}, changes)
+    scope = f"{item.get('org_id')}/{item.get('assignment_id')}"
+    out.print(
+        f"item {item_id} queued again for {scope}; stored by the next call that reaches the database",
+        highlight=False,
+    )
 
 
 @app.command("mcp-stdio")
@@ -882,8 +1134,67 @@ def mcp_config(
     err.print(setup_hint(client, embedded=token is not None), highlight=False, soft_wrap=True)
 
 
+def _repair(conn_str: str, config: MemoryConfig, *, dry_run: bool) -> Any:
+    """The lifecycle repair (`store.repair`), then the other repairs of data an earlier version damaged."""
+    from haystack_osa_memory.reflect import repair_observations
+    from haystack_osa_memory.store.lifecycle import LifecycleRepository
+    from haystack_osa_memory.store.repair import repair as repair_lifecycle
+
+    report = repair_lifecycle(conn_str, config, actor=_operator(), dry_run=dry_run)
+    lifecycle = LifecycleRepository(conn_str, config)
+    report.observations_repaired = repair_observations(lifecycle, dry_run=dry_run, actor=_operator())
+    return report
+
+
+def _print_repair(report: Any) -> None:
+    verb = "would repair" if report.dry_run else "repaired"
+    lines = {
+        "proposals and flagged facts superseded by an agent, back in the review queue": report.back_to_review,
+        "facts approved without a person's review, held again": report.approved_without_review,
+        "forgotten facts reduced to their tombstone": report.tombstones,
+        "supersession links to forgotten facts or loops removed": report.links_pruned,
+        "recall rows recomputed without forgotten words": report.recall_rows_recomputed,
+        "facts whose expires_at / valid_from / valid_to was not a timestamp, field removed": report.bad_time_fields,
+    }
+    for what, ids in lines.items():
+        if ids:
+            out.print(f"{verb} {len(ids):>5}  {what}", highlight=False)
+    if report.observations_repaired:
+        what = "observations made of facts that say different things, split back"
+        out.print(f"{verb} {report.observations_repaired:>5}  {what}", highlight=False)
+    if not report.changed:
+        out.print("nothing to repair", highlight=False)
+
+
+@app.command()
+def repair(
+    data_dir: DataDir = None,
+    as_json: JsonFlag = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Report what it would repair; change nothing.")] = False,
+) -> None:
+    """Repair facts an earlier version let around the governed lifecycle (also run by `init`; idempotent).
+
+    Proposals and flagged facts superseded by an agent go back to the review queue; facts approved
+    without a person's review are held again; forgotten facts keep only their tombstone; successors lose
+    the words of forgotten predecessors; time fields an earlier import stored as given (not timestamps) are
+    removed; observations reflect made of facts that say different things are split back. Every change is in
+    the audit (action `repair`).
+    """
+    config = _config(data_dir)
+    conn_str = _connect(config)
+    with _or_fail():
+        report = _repair(conn_str, config, dry_run=dry_run)
+    if as_json:
+        _emit(report.as_dict(), True)
+        return
+    _print_repair(report)
+
+
 def main() -> None:
     """Entry point of the `osa-memory` script."""
+    # Our own process (and the server's workers, which inherit it): nothing leaves the machine unless the
+    # environment asks for Haystack's usage telemetry. Set before any command imports Haystack.
+    os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
     try:
         app()
     except KeyboardInterrupt:

@@ -58,7 +58,7 @@ class GovernedFactWriter:
             params["store"] = MemoryStore.from_dict(params["store"])
         return default_from_dict(cls, data)
 
-    @component.output_types(document_ids=list[str])
+    @component.output_types(document_ids=list[str], statuses=list[str])
     def run(
         self,
         documents: list[Document],
@@ -71,7 +71,8 @@ class GovernedFactWriter:
         :param governing_rows: Their governing rows, same ids.
         :param actor: Who writes (token id, `cli:<user>`), recorded in the audit (with `audit`).
         :param action: Audit action name (`store`, `propose`, `import`).
-        :returns: `document_ids` written (in input order).
+        :returns: `document_ids` written (in input order) and each one's `statuses` after the write (storing
+            the text of a fact waiting for review keeps its status).
         :raises InvalidInputError: documents and rows do not pair up by id; nothing is written.
         :raises DatabaseError: the database failed; nothing is written.
         """
@@ -91,4 +92,5 @@ class GovernedFactWriter:
             for doc in documents
         ]
         audit = {"actor": actor or "unknown", "action": action} if self.audit else None
-        return {"document_ids": self._repo.write(items, audit=audit)}
+        written = self._repo.write_statuses(items, audit=audit)
+        return {"document_ids": [doc_id for doc_id, _ in written], "statuses": [status for _, status in written]}

@@ -12,24 +12,34 @@ What differs from `hayhooks mcp run` (see docs/security.md):
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import hashlib
 import json
 import logging
 import os
 import re
 import signal
+import string
+import sys
+import threading
 import time
+import traceback
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import Any
+from urllib.parse import quote, unquote
 
 import anyio
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from haystack_osa_memory.caller import Caller, caller_scope
 from haystack_osa_memory.errors import AuthenticationError, DatabaseError, InvalidInputError, OsaMemoryError
-from haystack_osa_memory.store.database import classify
+from haystack_osa_memory.privacy.redaction import JWT, PASSWORD, PRIVATE_KEY, SECRET, redact
+from haystack_osa_memory.store.database import classify, probe
+from haystack_osa_memory.store.tokens import TokenStore
 from haystack_osa_memory.validation import check_text
 
 logger = logging.getLogger(__name__)
@@ -62,62 +72,177 @@ async def _respond(send: Send, status: int, body: dict[str, Any], headers: list[
 
 #: Anything shaped like one of our tokens (masked in every log line, wherever it came from).
 _TOKEN_SHAPED = re.compile(r"osam_[0-9a-f]{16}_[A-Za-z0-9_-]+")
-#: Debug dumps of whole MCP messages (their arguments hold fact text): dropped.
-_MESSAGE_DUMPS = ("Message that failed validation", "Received message")
-_VALIDATION_FAILED = "Failed to validate request"
+#: What every log line is redacted of. Private addresses and home folders stay: the log is the
+#: operator's own, and client addresses are what an access log is for.
+LOG_REDACTION_CLASSES = (PRIVATE_KEY, JWT, SECRET, PASSWORD)
+_NOT_LOGGED = "(details not logged: they may quote the tool arguments)"
+#: Log lines of the MCP SDK and Hayhooks that quote a whole request, its arguments, a result or a tool
+#: name the client chose: only their opening words are kept. Matched at the start of the message.
+_CONTENT_DUMPS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"Failed to validate (request|notification)\b"), rf"Failed to validate \1 {_NOT_LOGGED}"),
+    (re.compile(r"(Message that failed validation|Received message)\b"), rf"\1 {_NOT_LOGGED}"),
+    (re.compile(r"(Calling pipeline as tool|Attempting to run pipeline)\b"), rf"\1 {_NOT_LOGGED}"),
+    (re.compile(r"Pipeline '.*' returned result", re.DOTALL), "a pipeline returned its result (not logged)"),
+    (re.compile(r"Tool '.*' not listed", re.DOTALL), "a tool that is not served was called (name not logged)"),
+    (re.compile(r"Tool cache miss for "), "tool cache miss (name not logged)"),
+    (re.compile(r"received: "), "received a message (method not logged)"),
+    (re.compile(r"chunk: "), "sent a chunk of an answer (not logged: answers hold facts)"),  # sse-starlette
+    (re.compile(r"(Received exception from stream|Unhandled exception in receive loop)\b"), rf"\1 {_NOT_LOGGED}"),
+)
+#: Characters kept as they are when a line is percent-encoded again (printable ASCII but ``%``).
+_LOG_SAFE = "".join(c for c in string.punctuation if c != "%") + " "
+#: uvicorn's access-log record: (client, method, path, HTTP version, status); its formatter unpacks them.
+_ACCESS_LOGGER = "uvicorn.access"
 
 
-class LogScrubber(logging.Filter):
-    """Keeps bearer tokens and fact text out of the server's log.
+def _redact_for_log(text: str) -> str:
+    return redact(_TOKEN_SHAPED.sub("osam_***", text), LOG_REDACTION_CLASSES).text
 
-    - uvicorn's access log shows the path without its query string (a token put in ``?token=`` by
-      mistake would otherwise be written in clear);
-    - the MCP SDK's "Failed to validate request" warning quotes the request's arguments (pydantic's
-      message includes the input): it is logged without its details, and the SDK's debug dumps of
-      whole messages are dropped;
-    - anything shaped like a token is masked in any record that reaches our handlers.
+
+def scrub_log_text(text: str) -> str:
+    """A log line as it may be written: request dumps cut to their opening words, secrets redacted, also
+    secrets hidden by percent-encoding (a path such as ``/x%20ghp_...``)."""
+    for pattern, replacement in _CONTENT_DUMPS:
+        match = pattern.match(text)
+        if match is not None:
+            return match.expand(replacement)
+    scrubbed = _redact_for_log(text)
+    if "%" in scrubbed:
+        decoded = unquote(scrubbed)
+        if decoded != scrubbed:
+            redacted = _redact_for_log(decoded)
+            if redacted != decoded:
+                # Encoded again: decoded text could carry line breaks into the log.
+                scrubbed = quote(redacted, safe=_LOG_SAFE)
+    return scrubbed
+
+
+#: Methods and paths of ordinary traffic: logged as they are, without running the redactor on every request.
+_PLAIN_METHODS = frozenset({"GET", "POST", "DELETE", "HEAD", "OPTIONS", "PUT", "PATCH"})
+_PLAIN_PATHS = frozenset({"/mcp", "/mcp/", "/status", "/metrics"})
+
+
+def _scrub_access_path(path: str) -> str:
+    # The query string is never logged: a token put in `?token=` by mistake would be written in clear.
+    path = path.split("?", 1)[0]
+    return path if path in _PLAIN_PATHS else scrub_log_text(path)
+
+
+def scrub_record(record: logging.LogRecord) -> None:
+    """Make ``record`` safe to write, whatever handler or formatter it reaches later.
+
+    The message is formatted and scrubbed now and its arguments dropped (a secret may be split between
+    the template and an argument, and logging's own error report prints both raw); an exception's
+    traceback and a stack are formatted and scrubbed now too (an exception's message may quote input).
+    uvicorn's access records keep their five arguments, each scrubbed, because their formatter unpacks them.
     """
+    args = record.args
+    if record.name == _ACCESS_LOGGER and isinstance(args, tuple) and len(args) == 5:
+        client, method, path, version, status = args
+        record.args = (
+            client,
+            method if method in _PLAIN_METHODS else scrub_log_text(str(method)),
+            _scrub_access_path(str(path)),
+            version,
+            status,
+        )
+    else:
+        try:
+            message = record.getMessage()
+        except Exception:  # a template that does not match its arguments: keep the template alone
+            message = f"{record.msg} (arguments not logged: they did not match the message)"
+        record.msg, record.args = scrub_log_text(message), ()
+    if record.exc_info and record.exc_info[0] is not None and not record.exc_text:
+        formatted = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
+        record.exc_text = scrub_log_text(formatted)
+    if record.stack_info:
+        record.stack_info = scrub_log_text(record.stack_info)
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.name == "uvicorn.access":
-            # Its formatter unpacks the five args (client, method, path, version, status): keep the shape.
-            if isinstance(record.args, tuple) and len(record.args) >= 3 and isinstance(record.args[2], str):
-                path = _TOKEN_SHAPED.sub("osam_***", record.args[2].split("?", 1)[0])
-                record.args = (*record.args[:2], path, *record.args[3:])
-            return True
-        if isinstance(record.msg, str):
-            if record.msg.startswith(_MESSAGE_DUMPS):
-                return False
-            if record.msg.startswith(_VALIDATION_FAILED):
-                record.msg = f"{_VALIDATION_FAILED} (details not logged: they may quote the tool arguments)"
-                record.args, record.exc_info, record.exc_text = None, None, None
-        message = record.getMessage()
-        if _TOKEN_SHAPED.search(message):
-            record.msg, record.args = _TOKEN_SHAPED.sub("osam_***", message), None
-        return True
+
+class _RedactingRecordFactory:
+    """The process's log-record factory: every record, of any logger and for any handler (also handlers
+    added later, by any library or a server started later in the process), is scrubbed when created."""
+
+    def __init__(self, previous: Callable[..., logging.LogRecord]) -> None:
+        self.previous = previous
+
+    def __call__(self, *args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = self.previous(*args, **kwargs)
+        scrub_record(record)
+        return record
 
 
-def install_log_scrubbing() -> LogScrubber:
-    """Put a :class:`LogScrubber` on every handler that serves the server's log.
+def _scrub_loguru_record(record: Any) -> None:
+    """Hayhooks logs through loguru, past the standard library: the same scrubbing as a loguru patcher.
+    A traceback goes into the message, scrubbed, instead of loguru's own (which may show variables)."""
+    record["message"] = scrub_log_text(record["message"])
+    extra = record["extra"]
+    for key, value in list(extra.items()):
+        if isinstance(value, str):
+            extra[key] = scrub_log_text(value)
+    exception = record["exception"]
+    if exception is not None:
+        formatted = "".join(traceback.format_exception(exception.type, exception.value, exception.traceback))
+        record["message"] += "\n" + scrub_log_text(formatted.rstrip("\n"))
+        record["exception"] = None
 
-    Call it after uvicorn configured its loggers (``uvicorn.Config(...)``). The root logger gets a
-    stderr handler if it has none: the MCP SDK logs through ``logging.warning(...)``, which would
-    otherwise add an unfiltered one by itself (``basicConfig``).
+
+def _scrubbing_excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    sys.stderr.write(scrub_log_text("".join(traceback.format_exception(kind, value, tb))))
+
+
+def _scrubbing_thread_excepthook(hook: threading.ExceptHookArgs) -> None:
+    if hook.exc_type is SystemExit:
+        return
+    name = hook.thread.name if hook.thread is not None else "?"
+    formatted = "".join(traceback.format_exception(hook.exc_type, hook.exc_value, hook.exc_traceback))
+    sys.stderr.write(scrub_log_text(f"Exception in thread {name}:\n{formatted}"))
+
+
+def install_log_scrubbing(level: int | str | None = None) -> None:
+    """Make every log line this process writes safe: no request body, tool argument, tool name a client
+    chose, token or other secret reaches a log unless redacted. Idempotent.
+
+    Covers the standard library's logging (uvicorn, the MCP SDK, Haystack, our own, and any logger or
+    handler added later) through the record factory, Hayhooks' loguru logger through a patcher, warnings
+    (routed to logging) and uncaught exceptions (the process's and its threads' excepthooks).
+
+    ``level``: at ``DEBUG`` or below, the libraries' loggers (root, Hayhooks) log at that level too
+    (``serve --log-level debug``); above it they keep their defaults.
     """
-    scrubber = LogScrubber()
+    factory = logging.getLogRecordFactory()
+    if not isinstance(factory, _RedactingRecordFactory):
+        logging.setLogRecordFactory(_RedactingRecordFactory(factory))
+    logging.captureWarnings(True)
+    sys.excepthook = _scrubbing_excepthook
+    threading.excepthook = _scrubbing_thread_excepthook
     root = logging.getLogger()
     if not root.handlers:
+        # The MCP SDK logs through ``logging.warning(...)``, which would otherwise add a handler itself.
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s:%(name)s:%(message)s"))
         root.addHandler(handler)
-    # Handler filters see every record that reaches them (the mcp loggers propagate to the root's);
-    # logger filters also cover a handler added later by someone else.
-    for name in ("", "uvicorn", "uvicorn.access"):
-        logger_ = logging.getLogger(name)
-        logger_.addFilter(scrubber)
-        for handler_ in logger_.handlers:
-            handler_.addFilter(scrubber)
-    return scrubber
+    named = logging.getLevelName(level.upper()) if isinstance(level, str) else level
+    numeric: int | None = named if isinstance(named, int) else None
+    debug = numeric is not None and numeric <= logging.DEBUG
+    if numeric is not None and debug:
+        root.setLevel(numeric)
+    try:
+        from loguru import logger as loguru_logger
+    except ImportError:  # pragma: no cover - Hayhooks depends on loguru
+        return
+    loguru_logger.configure(patcher=_scrub_loguru_record)
+    if numeric is not None and debug:
+        from hayhooks.server.logger import formatter
+
+        loguru_logger.remove()
+        loguru_logger.add(
+            sys.stderr,
+            level="TRACE" if numeric < logging.DEBUG else "DEBUG",
+            format=formatter,
+            backtrace=False,
+            diagnose=False,  # loguru's tracebacks would show variables' values (arguments, tokens)
+        )
 
 
 def exit_on_sigterm() -> None:
@@ -137,32 +262,215 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+#: Linux ``prctl`` option: the signal the kernel sends this process when its parent dies.
+_PR_SET_PDEATHSIG = 1
+#: Seconds a worker whose parent died gets to finish its requests before it exits regardless.
+ORPHAN_GRACE_SECONDS = 5.0
+
+
+def exit_with_parent() -> None:
+    """In a `serve --workers N` worker: end this process when the `serve` process dies, however it died.
+
+    Killed with SIGKILL (the out-of-memory killer), the parent cannot stop its workers, which would keep
+    serving its port with stale settings, holding database connections. The kernel sends the worker
+    SIGTERM when its parent dies (``PR_SET_PDEATHSIG``, Linux); wherever that is not available, or the
+    parent died before it was set, a thread waiting on the parent's end of the start-up pipe does. uvicorn
+    then shuts the worker down gracefully, and after ``ORPHAN_GRACE_SECONDS`` it exits regardless.
+    """
+    import multiprocessing
+
+    parent = multiprocessing.parent_process()
+    if parent is None:  # not started by uvicorn's supervisor
+        return
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):  # a libc without prctl: the thread remains
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+    def watch() -> None:
+        parent.join()  # returns once the parent is gone (its end of the pipe closed with it)
+        logger.warning("the serve process is gone: this worker stops")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(ORPHAN_GRACE_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="osa-memory-parent-watch", daemon=True).start()
+
+
+#: Seconds a direct probe's finding (is the database really away?) is reused by the token cache.
+PROBE_REUSE_S = 1.0
+
+
 class CachingVerifier:
     """Verify tokens against the database; while it is unreachable, accept a token verified within
-    ``grace_seconds`` (so agents can keep storing into the offline buffer). Wrong, expired or revoked
-    tokens are never accepted from the cache: a refusal evicts the token.
+    ``grace_seconds`` (so agents can keep storing into the offline buffer).
+
+    Never accepted from the cache:
+    - a wrong, revoked or expired token the database refused (a refusal evicts it);
+    - a token past its expiry (known without the database, when built on a `TokenStore`);
+    - a token not verified again since the database was last seen back. The pool may fail for a moment
+      after the database returns; before it serves from the cache, the verifier asks the database with a
+      direct connection (when built on a `TokenStore`; one probe per `PROBE_REUSE_S`), and when it
+      answers, the cache is emptied and the request waits for the pool (503) instead. Every token must
+      then be checked again: one revoked during the outage is refused from its next request.
+
+    Usage: ``CachingVerifier(TokenStore(conn_str, config), config.offline_grace)``.
     """
 
-    def __init__(self, verify: Verifier, grace_seconds: float) -> None:
-        self.verify = verify
+    def __init__(self, verify: Verifier | TokenStore, grace_seconds: float) -> None:
+        self.tokens = verify if isinstance(verify, TokenStore) else None
+        self.verify: Verifier = verify.verify if isinstance(verify, TokenStore) else verify
         self.grace_seconds = grace_seconds
-        self._cache: dict[str, tuple[Caller, float]] = {}
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[Caller, float, datetime | None]] = {}
+        self._outage = False  # the database was found away and has not been seen back since
+        self._probed: tuple[float, bool] | None = None  # (when, the database was away)
+
+    def _check(self, token: str) -> tuple[Caller, datetime | None]:
+        if self.tokens is not None:
+            return self.tokens.verify_with_expiry(token)
+        return self.verify(token), None
+
+    def _database_away(self) -> bool:
+        """Whether the database is really unreachable (a direct connection, not the pool)."""
+        if self.tokens is None:
+            return True
+        with self._lock:
+            if self._probed is not None and time.monotonic() - self._probed[0] < PROBE_REUSE_S:
+                return self._probed[1]
+            state, _ = probe(self.tokens.conn_str, self.tokens.config)
+            self._probed = (time.monotonic(), state == "unreachable")
+            return self._probed[1]
+
+    def _database_back(self) -> None:
+        with self._lock:
+            if self._outage:
+                self._outage = False
+                self._cache.clear()
+                logger.warning("the database answers again: every cached token is verified again before use")
 
     def __call__(self, token: str) -> Caller:
         key = hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
         try:
-            caller = self.verify(token)
+            caller, expires_at = self._check(token)
         except AuthenticationError:
             self._cache.pop(key, None)
             raise
         except DatabaseError as e:
-            hit = self._cache.get(key)
-            if hit is not None and classify(e) == "unreachable" and time.monotonic() - hit[1] <= self.grace_seconds:
-                logger.warning("database unreachable: accepting a token verified %.0f s ago", time.monotonic() - hit[1])
-                return hit[0]
-            raise
-        self._cache[key] = (caller, time.monotonic())
+            if classify(e) != "unreachable":
+                raise
+            with self._lock:
+                hit = self._cache.get(key)
+            if hit is None or time.monotonic() - hit[1] > self.grace_seconds:
+                raise
+            if hit[2] is not None and hit[2] <= datetime.now(UTC):
+                self._cache.pop(key, None)
+                raise AuthenticationError("invalid, expired or revoked token") from None
+            if not self._database_away():
+                self._database_back()  # the pool has not reconnected yet: nothing is served from the cache
+                raise
+            with self._lock:
+                self._outage = True
+            logger.warning("database unreachable: accepting a token verified %.0f s ago", time.monotonic() - hit[1])
+            return hit[0]
+        self._database_back()
+        self._cache[key] = (caller, time.monotonic(), expires_at)
         return caller
+
+
+#: Deepest nesting of arrays and objects a request may have (a tool call needs 4; a batch one more).
+MAX_JSON_DEPTH = 32
+#: A run of digits long enough to be a number Python refuses to convert (over 4300 digits by default).
+_LONG_DIGITS = re.compile(r"[0-9]{1000}")
+
+
+def malformed_json(body: bytes) -> str | None:
+    """Why ``body`` cannot be a JSON-RPC message, or None when it parses within the allowed depth.
+
+    The MCP SDK answers a JSON syntax error itself, but a body that is not UTF-8, nested deeper than the
+    parser's recursion limit or holding an integer longer than Python converts raised past it: HTTP 500.
+    """
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"the body must be UTF-8 JSON; byte {e.start} (0x{body[e.start]:02x}) is not UTF-8"
+    # A body with few brackets cannot nest deeply, one without a long run of digits holds no number too
+    # long to read, one without a \ud escape no lone surrogate: the usual call is never parsed twice.
+    if (
+        text.count("[") + text.count("{") <= MAX_JSON_DEPTH
+        and _LONG_DIGITS.search(text) is None
+        and "\\ud" not in text.lower()
+    ):
+        return None
+    try:
+        parsed = json.loads(text)
+    except RecursionError:
+        return f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+    except json.JSONDecodeError:
+        return None  # the MCP SDK reports the syntax error itself
+    except ValueError as e:  # an integer of more digits than Python converts
+        return f"a JSON value could not be read ({type(e).__name__}); numbers may have at most 4300 digits"
+    if _json_depth(parsed) > MAX_JSON_DEPTH:
+        return f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+    # Answers repeat the id, and errors the method or tool name: one that is not valid Unicode could not
+    # be encoded in the answer. (Tool arguments are checked by each tool, which names the problem.)
+    for message in parsed if isinstance(parsed, list) else [parsed]:
+        if not isinstance(message, dict):
+            continue
+        params = message.get("params")
+        envelope = [message.get("id"), message.get("method"), params.get("name") if isinstance(params, dict) else None]
+        if any(isinstance(value, str) and not _valid_unicode(value) for value in envelope):
+            return "the id, method and tool name must be valid Unicode text (a lone surrogate escape was sent)"
+    return None
+
+
+def _valid_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _json_depth(value: Any) -> int:
+    """Nesting depth of a parsed JSON value (iterative: the value may be nested a thousand levels)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            if depth > MAX_JSON_DEPTH:
+                return depth
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def parse_error(problem: str) -> dict[str, Any]:
+    """A JSON-RPC parse error (code -32700, id null) saying what was wrong."""
+    return {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": f"Parse error: {problem}"}}
+
+
+async def _buffered_body(receive: Receive) -> tuple[bytes | None, Receive]:
+    """The whole request body (None when the client left first), and a ``receive`` that hands it on again
+    before the client's next events."""
+    chunks: list[bytes] = []
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None, receive
+        chunks.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    body = b"".join(chunks)
+    replayed = False
+
+    async def replay() -> Any:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return body, replay
 
 
 class BearerAuthMiddleware:
@@ -206,6 +514,14 @@ class BearerAuthMiddleware:
         if path == "/mcp":
             # Serve /mcp itself instead of Starlette's 307 redirect to the /mcp/ mount.
             scope = {**scope, "path": "/mcp/", "raw_path": b"/mcp/"}
+        if scope.get("method") == "POST":
+            body, receive = await _buffered_body(receive)
+            if body is None:
+                return  # the client went away before sending its request
+            problem = malformed_json(body)
+            if problem is not None:
+                await _respond(send, 400, parse_error(problem))
+                return
         with caller_scope(caller):
             await self.app(scope, receive, send)
 
@@ -259,7 +575,9 @@ def _lock_down(server: Any, registry: Any) -> list[str]:
     @instrument_tool_call(tools)  # one span and one latency observation per call (mcp/telemetry.py)
     async def call_tool(name: str, arguments: dict[str, Any] | None) -> list[TextContent] | CallToolResult:
         if name not in tools:
-            msg = f"Unknown tool '{name}'. Available tools: {sorted(tools)}"
+            # The name is the client's own text: escaped so that a lone surrogate can still be answered.
+            shown = name[:200].encode("utf-8", "backslashreplace").decode("utf-8")
+            msg = f"Unknown tool '{shown}'. Available tools: {sorted(tools)}"
             raise InvalidInputError(msg)
         arguments = arguments or {}
         allowed = set(tools[name].inputSchema.get("properties", {}))
@@ -329,15 +647,17 @@ def worker_app() -> ASGIApp:
     from haystack_osa_memory.store.database import resolve_connection_string
     from haystack_osa_memory.store.tokens import TokenStore
 
+    exit_with_parent()
+    # uvicorn configured this worker's loggers before loading the app: its level is the one asked for.
+    install_log_scrubbing(logging.getLogger("uvicorn.error").getEffectiveLevel())
     try:
         config = MemoryConfig.from_env()
         tokens = TokenStore(resolve_connection_string(config), config)
         pipelines = os.environ.get(PIPELINES_DIR_ENV)
-        app = create_app(CachingVerifier(tokens.verify, config.offline_grace), Path(pipelines) if pipelines else None)
+        app = create_app(CachingVerifier(tokens, config.offline_grace), Path(pipelines) if pipelines else None)
     except Exception as e:
         logger.error("the MCP tools could not be loaded: %s: %s", type(e).__name__, e)
         raise SystemExit(3) from None  # uvicorn's STARTUP_FAILURE
-    install_log_scrubbing()  # uvicorn configured this worker's loggers before loading the app
     return app
 
 

@@ -187,11 +187,15 @@ def scratch_database(prefix: str = "osa-memory-") -> Iterator[str]:
             server.cleanup()
 
 
-def resolve_connection_string(config: MemoryConfig, *, export: bool = True) -> str:
-    """``PG_CONN_STR`` when set; otherwise the embedded default, started on demand.
+def resolve_connection_string(config: MemoryConfig, *, export: bool = False) -> str:
+    """``config.pg_conn_str`` (``PG_CONN_STR``) when set; otherwise the embedded default, started on demand.
 
-    With ``export`` the URI is written to ``os.environ['PG_CONN_STR']`` so that components of this
-    process (which read the ``PG_CONN_STR`` secret) and its children reach the same database.
+    The process environment is left alone: a library must not change its host's. Pipelines of a
+    `Memory` on the embedded database name ``PG_CONN_STR`` for their connection when saved; whoever
+    loads one in another process sets ``PG_CONN_STR`` to the URI this function returns.
+
+    :param export: Also write the URI to ``os.environ['PG_CONN_STR']``, for the command line and the
+        server (our own processes), whose worker processes inherit it.
     """
     if config.pg_conn_str:
         return config.pg_conn_str
@@ -213,6 +217,11 @@ def connection_kwargs(config: MemoryConfig | None = None) -> dict[str, Any]:
         "options": f"-c statement_timeout={timeout_ms}",
     }
 
+
+#: Seconds a failed connection attempt of the pool is retried (with backoff) before it gives up; the next
+#: checkout then starts a fresh attempt at once. psycopg_pool's default (300 s, delays doubling up to it)
+#: left the pool waiting for its next scheduled attempt long after the database had returned.
+RECONNECT_S = 2.0
 
 #: When each pooled connection last finished an operation without error (monotonic seconds).
 _last_good: weakref.WeakKeyDictionary[psycopg.Connection[Any], float] = weakref.WeakKeyDictionary()
@@ -246,6 +255,7 @@ def get_pool(conn_str: str, config: MemoryConfig | None = None) -> ConnectionPoo
                 min_size=0,
                 max_size=8,
                 timeout=cfg.pool_timeout,
+                reconnect_timeout=RECONNECT_S,
                 kwargs=connection_kwargs(cfg),
                 check=check_idle_connection,
                 open=True,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import threading
 import time
@@ -29,17 +30,29 @@ from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.errors import DatabaseError, SupersessionError
 from haystack_osa_memory.store.database import fact_scope, read, transaction
 from haystack_osa_memory.store.ranking import TERM_BITS, TERM_CODE, RankingParams, ScopeStats, rank_scope
-from haystack_osa_memory.store.scope_cache import Check, ScopeCache
+from haystack_osa_memory.store.scope_cache import Check, ScopeCache, governing_row_by_id
 from haystack_osa_memory.store.scope_cache import Statements as CacheStatements
-from haystack_osa_memory.tools import SUPERSEDABLE_STATUSES, SUPERSEDED
+from haystack_osa_memory.tools import (
+    APPROVED,
+    HELD_STATUSES,
+    REVIEWABLE_STATUSES,
+    SUPERSEDABLE_STATUSES,
+    SUPERSEDED,
+)
+
+logger = logging.getLogger(__name__)
 
 FACT_SOURCE = "agent_fact"
 FACT_AUDIENCE = "ai_internal"
 
-# Upsert by deterministic id. A retired (forgotten) fact stored again starts afresh; a superseded one
-# stored again holds again (from the new valid_from, its successor link dropped); otherwise the status a
-# review or feedback gave it is kept, and so is its valid_from unless the store names one. The WHERE
-# refuses to touch a row of another scope.
+# Upsert by deterministic id. Only a person's review moves a fact out of a held status
+# (`tools.HELD_STATUSES`: proposed, flagged, rejected) into recall, so storing the same text keeps the
+# status a review or feedback gave it, and so does its valid_from unless the store names one. A retired
+# (forgotten) fact stored again starts afresh, except that one forgotten while held comes back `proposed`
+# (its tombstone keeps the former status). A superseded one stored again holds again (from the new
+# valid_from, its successor link dropped), in the status it was superseded from when that was held; that
+# write alone returns the former successor (``held_again_after``, dropped again by the next store of the
+# same text), which `FactRepository.write` then detaches. The WHERE refuses to touch a row of another scope.
 UPSERT_GOVERNING_ROW = sql.SQL(
     """INSERT INTO {schema}.{gov}
     (id, org_id, specialist_id, dataset, source, audience, status, content_hash, title, metadata)
@@ -48,13 +61,22 @@ UPSERT_GOVERNING_ROW = sql.SQL(
     ON CONFLICT (id) DO UPDATE SET
         specialist_id = EXCLUDED.specialist_id,
         title = coalesce(EXCLUDED.title, {schema}.{gov}.title),
-        status = CASE WHEN {schema}.{gov}.status IN ('retired', 'superseded') THEN EXCLUDED.status
-                      ELSE {schema}.{gov}.status END,
+        status = CASE
+            WHEN {schema}.{gov}.status = 'retired'
+                 AND {schema}.{gov}.metadata->'retired'->>'previous_status' = ANY(%(held)s::text[])
+                 AND NOT EXCLUDED.status = ANY(%(held)s::text[]) THEN 'proposed'
+            WHEN {schema}.{gov}.status = 'retired' THEN EXCLUDED.status
+            WHEN {schema}.{gov}.status = 'superseded'
+                 AND {schema}.{gov}.metadata->>'superseded_from' = ANY(%(held)s::text[])
+            THEN {schema}.{gov}.metadata->>'superseded_from'
+            WHEN {schema}.{gov}.status = 'superseded' THEN EXCLUDED.status
+            ELSE {schema}.{gov}.status END,
         metadata = CASE WHEN {schema}.{gov}.status = 'retired' THEN EXCLUDED.metadata
                         WHEN {schema}.{gov}.status = 'superseded'
                         THEN ({schema}.{gov}.metadata - 'valid_from' - 'valid_to' - 'superseded_by' - 'superseded_from')
                              || EXCLUDED.metadata
-                        ELSE {schema}.{gov}.metadata
+                             || jsonb_build_object('held_again_after', {schema}.{gov}.metadata->'superseded_by')
+                        ELSE ({schema}.{gov}.metadata - 'held_again_after')
                              || (EXCLUDED.metadata
                                  - CASE WHEN %(valid_from_given)s::boolean THEN '' ELSE 'valid_from' END)
                    END,
@@ -64,7 +86,7 @@ UPSERT_GOVERNING_ROW = sql.SQL(
       AND {schema}.{gov}.source = EXCLUDED.source
       AND {schema}.{gov}.content_hash = EXCLUDED.content_hash
       AND {schema}.{gov}.metadata->>'assignment_id' = EXCLUDED.metadata->>'assignment_id'
-    RETURNING id, status, seq"""
+    RETURNING id, status, seq, metadata->>'held_again_after' AS held_again_after"""
 )
 INSERT_AUDIT = sql.SQL(
     """INSERT INTO {mem}.audit (actor, action, org_id, assignment_id, document_id, details)
@@ -137,12 +159,15 @@ def lexeme_stats(tsv: sql.Composable, keep: sql.Composable | None = None) -> sql
 # The lexical statistics (same expression the recall query falls back to) spare recall re-tokenising
 # every fact of the scope on every query; they are used only while the chunk's content still has the
 # same md5 (a chunk changed by other tools is re-tokenised at query time).
+
 WRITE_FACT = sql.SQL(
     """WITH g AS ({upsert_row}),
 a AS (
     INSERT INTO {mem}.audit (actor, action, org_id, assignment_id, document_id, details)
     SELECT %(actor)s, %(action)s, %(org_id)s, %(assignment_id)s, g.id,
            jsonb_build_object('status', g.status, 'kind', %(kind)s::text)
+           || CASE WHEN g.held_again_after IS NULL THEN '{{}}'::jsonb
+                   ELSE jsonb_build_object('held_again_after', g.held_again_after) END
     FROM g WHERE %(audit)s::boolean
 ),
 c AS (
@@ -165,7 +190,7 @@ t AS (
         org_id = EXCLUDED.org_id, assignment_id = EXCLUDED.assignment_id, seq = EXCLUDED.seq,
         term_keys = EXCLUDED.term_keys
 )
-SELECT id, status FROM g"""
+SELECT g.id, g.status, g.held_again_after FROM g"""
 )
 
 # When a fact holds (its validity time, distinct from when it was stored): from ``valid_from`` (default the
@@ -239,6 +264,17 @@ INHERIT_TERMS = sql.SQL(
           OFFSET 0) x,  -- tokenised once (see SCOPE_ROWS)
          LATERAL ({lexeme_stats}) ls
     WHERE t.document_id = %(successor)s AND t.org_id = %(org_id)s"""
+)
+# A superseded fact stored again holds again (UPSERT_GOVERNING_ROW): its former successor stops listing it,
+# so that a value going back (X, then Y, then X again naming Y in ``supersedes``) is a new version of X after
+# Y, never a loop of two facts listing each other. Its recall row is then recomputed (INHERIT_TERMS).
+DETACH_SUCCESSOR = sql.SQL(
+    """UPDATE {schema}.{gov} s
+    SET metadata = CASE WHEN coalesce(s.metadata->'supersedes', '[]'::jsonb) - %(id)s::text = '[]'::jsonb
+                        THEN s.metadata - 'supersedes'
+                        ELSE jsonb_set(s.metadata, '{{supersedes}}', (s.metadata->'supersedes') - %(id)s::text) END
+    WHERE s.id = %(successor)s AND s.org_id = %(org_id)s AND s.source = %(source)s
+      AND s.metadata->>'assignment_id' = %(assignment_id)s"""
 )
 # Why an id named in ``supersedes`` was not superseded (read in the same transaction, before it is undone).
 SUPERSEDE_REFUSALS = sql.SQL(
@@ -401,13 +437,29 @@ w AS (
 SELECT DISTINCT ON (w.seq) g.id, w.document_id, g.expires_at,
        coalesce(1 - (w.embedding <=> %(embedding)s::vector), 'NaN'), w.dl::float8, w.terms, w.seq
 FROM w,
-    LATERAL (SELECT g.id, g.metadata->>'expires_at' AS expires_at FROM {schema}.{gov} g
-             WHERE g.id = w.document_id AND g.content_hash = w.content_hash
-               AND g.org_id = %(org_id)s AND g.audience = ANY(%(audiences)s) AND g.status = ANY(%(statuses)s)
-               AND g.metadata->>'assignment_id' = %(assignment_id)s AND {valid_at}
-             OFFSET 0) g
+    LATERAL (SELECT g.id, g.metadata->>'expires_at' AS expires_at FROM {governing_row} g
+             WHERE g.content_hash = w.content_hash AND g.audience = ANY(%(audiences)s)
+               AND g.status = ANY(%(statuses)s) AND g.metadata->>'assignment_id' = %(assignment_id)s
+               AND {valid_at}) g  -- by primary key (scope_cache.GOVERNING_ROW_BY_ID)
 ORDER BY w.seq"""
 )
+
+
+# The planner's statistics of the tables facts are written to, refreshed after a bulk load (`import`):
+# until ANALYZE (or autovacuum, which may come minutes later) has seen the new rows, PostgreSQL takes a new
+# scope for a few rows and plans the scope's statements for that. Only the tables' owner may analyze them;
+# PostgreSQL skips (with a warning) a table another role owns.
+ANALYZE_FACT_TABLES = sql.SQL("ANALYZE {schema}.{gov}, {schema}.{chunk}, {schema}.osa_fact_terms")
+# Rows of the recall-row table written since it was last analyzed, and how many it had then: a big scope's
+# recall refreshes the statistics itself when more rows were written since than the table had (many agents
+# storing into a new assignment, faster than autovacuum's threshold of a tenth of the table).
+WRITES_SINCE_ANALYZE = sql.SQL(
+    """SELECT s.n_mod_since_analyze, c.reltuples, s.last_analyze IS NULL AND s.last_autoanalyze IS NULL
+    FROM pg_catalog.pg_stat_user_tables s JOIN pg_catalog.pg_class c ON c.oid = s.relid
+    WHERE s.schemaname = %(schema)s AND s.relname = 'osa_fact_terms'"""
+)
+#: Seconds between two looks at `WRITES_SINCE_ANALYZE` per process (only recalls of big scopes look).
+STALE_STATISTICS_CHECK_S = 60.0
 
 
 # Cosine similarity of one fact to others, from their recall rows (the vector written with each fact):
@@ -432,12 +484,15 @@ class ScopeSize:
 
 # Text, metadata and timestamps of the facts to return, with the scope checked again (fail closed: a
 # fact retired between the two statements is not returned).
+# Each fact's governing row and chunk are probed by primary key (fenced, see
+# `scope_cache.GOVERNING_ROW_BY_ID`): joined freely, stale statistics could make the planner read the
+# scope through its index once per fact.
 SCOPE_FACTS = sql.SQL(
     """SELECT g.id, c.content, g.metadata, g.created_at, g.updated_at
-    FROM unnest(%(document_ids)s::text[], %(chunk_ids)s::text[]) AS r(document_id, chunk_id)
-        JOIN {schema}.{gov} g ON g.id = r.document_id
-        JOIN {schema}.{chunk} c ON c.id = r.chunk_id AND c.meta->>'document_id' = g.id
-    WHERE g.org_id = %(org_id)s
+    FROM unnest(%(document_ids)s::text[], %(chunk_ids)s::text[]) AS r(document_id, chunk_id),
+        LATERAL {governing_row} g,
+        LATERAL (SELECT c.content, c.meta FROM {schema}.{chunk} c WHERE c.id = r.chunk_id OFFSET 0) c
+    WHERE c.meta->>'document_id' = g.id
       AND g.audience = ANY(%(audiences)s)
       AND g.status = ANY(%(statuses)s)
       AND g.metadata->>'assignment_id' = %(assignment_id)s
@@ -551,9 +606,12 @@ class FactRepository:
             valid_at=VALID_AT,
             lexeme_stats=lexeme_stats(sql.SQL("v.tsv"), sql.SQL("u.lexeme = ANY (%(lexemes)s::text[])")),
         )
-        self._scope_facts = SCOPE_FACTS.format(**names, valid_at=VALID_AT)
+        self._scope_facts = SCOPE_FACTS.format(
+            **names, valid_at=VALID_AT, governing_row=governing_row_by_id(names, sql.SQL("r.document_id"))
+        )
         self._supersede = SUPERSEDE.format(**names, valid_from=VALID_FROM, valid_from_text=_VALID_FROM_TEXT)
         self._supersede_refusals = SUPERSEDE_REFUSALS.format(**names, valid_from=VALID_FROM)
+        self._detach_successor = DETACH_SUCCESSOR.format(**names)
         self._inherit_terms = INHERIT_TERMS.format(
             **names,
             lexeme_stats=lexeme_stats(sql.SQL("x.tsv")),
@@ -571,6 +629,7 @@ class FactRepository:
                 direction=sql.SQL(">"), order=sql.SQL("ASC"), limit=sql.Placeholder("walk_after"), **names
             ),
             valid_at=VALID_AT,
+            governing_row=governing_row_by_id(names, sql.SQL("w.document_id")),
             **names,
         )
         #: Scopes with more recall rows than this take the big-scope path (candidates from indexes).
@@ -587,6 +646,7 @@ class FactRepository:
         self.lexeme_estimates = True
         self._common: tuple[dict[int, float], float] = ({}, -math.inf)
         self._sizes_lock = threading.Lock()
+        self._statistics_checked = -math.inf
         self._governing_rows = GOVERNING_ROWS.format(**names)
         self._cosines_to = COSINES_TO.format(**names)
         self._write_fact = WRITE_FACT.format(
@@ -609,7 +669,19 @@ class FactRepository:
 
         Raises:
             DatabaseError: the database failed, or an id is taken by a document of another scope.
+            SupersessionError: a fact named in ``supersedes`` cannot be superseded, or the fact written
+                waits for a person's review; nothing is written.
         """
+        return [doc_id for doc_id, _ in self.write_statuses(items, audit=audit)]
+
+    def write_statuses(
+        self,
+        items: Sequence[tuple[dict[str, Any], dict[str, Any]]],
+        *,
+        audit: dict[str, Any] | None = None,
+    ) -> list[tuple[str, str]]:
+        """`write`, returning each fact's id with the status it has after the write (storing the text of a
+        fact held for review keeps it held: `tools.HELD_STATUSES`)."""
         now = datetime.now(UTC).isoformat()
         params = [
             {
@@ -626,10 +698,11 @@ class FactRepository:
                 "content": chunk["content"],
                 "meta": json.dumps(chunk["meta"]),
                 "language": self.config.language,
+                "held": list(HELD_STATUSES),
             }
             for row, chunk in items
         ]
-        written: list[str] = []
+        written: list[tuple[str, str]] = []
         scopes = {(row["org_id"], row["metadata"].get("assignment_id")) for row, _ in items}
         org_id, assignment_id = next(iter(scopes)) if len(scopes) == 1 else ("", "")
         # Written inside the rows' scope: with row-level security on, PostgreSQL checks each new row
@@ -643,17 +716,40 @@ class FactRepository:
                 cur.execute(self._write_fact, params[0])
             else:
                 cur.executemany(self._write_fact, params, returning=True)
+            detached: list[tuple[dict[str, Any], str]] = []
             for n, p in enumerate(params):
                 if n:
                     cur.nextset()
-                if cur.fetchone() is None:
+                found = cur.fetchone()
+                if found is None:
                     msg = f"document id {p['id']} belongs to another document; refusing to overwrite it"
                     raise DatabaseError(msg)
-                written.append(p["id"])
-            for (row, _), p in zip(items, params, strict=True):
+                written.append((p["id"], str(found[1])))
+                if found[2] is not None:
+                    detached.append((p, str(found[2])))
+            for p, successor in detached:
+                # It no longer lists the fact that holds again: its recall row loses that fact's words.
+                scope = {**self._scope_of(p), "successor": successor}
+                cur.execute(self._detach_successor, {**scope, "id": p["id"]})
+                cur.execute(self._inherit_terms, {**scope, "language": p["language"]})
+            for (row, _), p, (_, status) in zip(items, params, written, strict=True):
                 if row.get("supersedes"):
+                    if status != APPROVED:
+                        msg = (
+                            f"cannot supersede: fact {p['id']} is {status} and waits for a person's review "
+                            "(osa-memory review); only an approved fact can supersede others. Nothing was stored."
+                        )
+                        raise SupersessionError(msg)
                     self._supersede_in(cur, p, list(row["supersedes"]))
         return written
+
+    @staticmethod
+    def _scope_of(written: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "org_id": written["org_id"],
+            "assignment_id": written["assignment_id"],
+            "source": written["source"],
+        }
 
     def _supersede_in(self, cur: psycopg.Cursor[Any], written: dict[str, Any], ids: list[str]) -> None:
         """Supersede ``ids`` by the fact just written (`SUPERSEDE`), in its transaction; refuses them all,
@@ -688,6 +784,11 @@ class FactRepository:
                 reasons.append(f"no fact {doc_id} in this assignment")
             elif row[0] == SUPERSEDED:
                 reasons.append(f"fact {doc_id} is already superseded by {row[1]}")
+            elif row[0] in REVIEWABLE_STATUSES:
+                reasons.append(
+                    f"fact {doc_id} is {row[0]} and waits for a person's review (osa-memory review); "
+                    f"only {', '.join(SUPERSEDABLE_STATUSES)} facts can be superseded"
+                )
             elif row[0] not in SUPERSEDABLE_STATUSES:
                 allowed = ", ".join(SUPERSEDABLE_STATUSES)
                 reasons.append(f"fact {doc_id} is {row[0]}; only {allowed} facts can be superseded")
@@ -770,6 +871,8 @@ class FactRepository:
         }
         with self._reading(conn) as c, c.cursor(binary=True) as cur:
             size = self.scope_size(org_id, assignment_id, conn=c)
+            if size.facts > self.exact_scope_max:
+                self._refresh_stale_statistics(c)
             cache = self.scope_cache
             held_here = (
                 size.facts > self.exact_scope_max
@@ -1025,6 +1128,36 @@ class FactRepository:
     def scope_rows_statement(self) -> sql.Composed:
         """`SCOPE_ROWS` for this configuration (for EXPLAIN, or to run it on a connection of your own)."""
         return self._scope_rows
+
+    def analyze(self, conn: psycopg.Connection[Any] | None = None) -> bool:
+        """Refresh the planner's statistics of the governing, chunk and recall-row tables (`ANALYZE_FACT_TABLES`);
+        call it after writing many facts at once. ``conn``: a connection from `reading()` (default: one of its
+        own). False (with a warning logged) when the database refused."""
+        statement = ANALYZE_FACT_TABLES.format(**self.config.sql_names())
+        try:
+            with self._reading(conn) as c:
+                c.execute(statement)
+        except (DatabaseError, psycopg.Error) as e:
+            logger.warning("the planner's statistics were not refreshed after a bulk load: %s", type(e).__name__)
+            return False
+        with self._sizes_lock:  # the scopes' sizes changed too
+            self._sizes.clear()
+        return True
+
+    def _refresh_stale_statistics(self, conn: psycopg.Connection[Any]) -> None:
+        """`analyze` when more recall rows were written since the last ANALYZE than the table then had
+        (`WRITES_SINCE_ANALYZE`), looked at most every `STALE_STATISTICS_CHECK_S` seconds per process."""
+        now = time.monotonic()
+        with self._sizes_lock:
+            if now - self._statistics_checked < STALE_STATISTICS_CHECK_S:
+                return
+            self._statistics_checked = now
+        row = conn.execute(WRITES_SINCE_ANALYZE, {"schema": self.config.kb_schema}).fetchone()
+        if row is None:
+            return
+        written, rows_then, never = int(row[0] or 0), max(float(row[1] or 0.0), 0.0), bool(row[2])
+        if written > self.exact_scope_max and (never or written > rows_then):
+            self.analyze(conn)
 
     def reading(self) -> AbstractContextManager[psycopg.Connection[Any]]:
         """One pooled connection for several reads (`scope_hits` then `candidates`: one checkout)."""

@@ -13,7 +13,7 @@ import inspect
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
 import psycopg
@@ -24,8 +24,17 @@ from haystack_osa_memory.errors import InvalidInputError
 from haystack_osa_memory.markers import strip_marker
 from haystack_osa_memory.privacy.gate import redact_optional
 from haystack_osa_memory.store.database import fact_scope, read, transaction
-from haystack_osa_memory.store.facts import FACT_SOURCE, INSERT_AUDIT
-from haystack_osa_memory.tools import APPROVED, FLAGGED, PAGE_SIZE, REJECTED
+from haystack_osa_memory.store.facts import FACT_SOURCE, INHERIT_TERMS, INSERT_AUDIT, lexeme_stats, term_keys_of
+from haystack_osa_memory.tools import (
+    APPROVED,
+    DOCUMENT_ID_LENGTH,
+    FLAGGABLE_STATUSES,
+    FLAGGED,
+    HELD_STATUSES,
+    PAGE_SIZE,
+    REJECTED,
+    REVIEWABLE_STATUSES,
+)
 from haystack_osa_memory.tools import LISTABLE_STATUSES as LISTABLE_STATUSES  # statuses: declared in tools.py
 from haystack_osa_memory.tools import PROPOSED as PROPOSED
 
@@ -60,11 +69,40 @@ UPSERT_VOTE = sql.SQL(
 # Statements on one fact by id name its org too: a knowledge base distributed by org (docs/scaling.md)
 # routes them to the org's shard instead of every shard.
 SET_STATUS = sql.SQL("UPDATE {schema}.{gov} SET status = %s, updated_at = now() WHERE id = %s AND org_id = %s")
+# Forgotten means gone: the retired row keeps its id, scope, content hash (a column) and a tombstone, the
+# status it had (a fact superseded while held counts as held), so that its text stored again comes back
+# `proposed` when a person had not approved it (facts/UPSERT_GOVERNING_ROW). Its title, topic, paths,
+# personas, links and validity go.
 RETIRE = sql.SQL(
-    """UPDATE {schema}.{gov} SET status = 'retired', updated_at = now(),
-    metadata = (metadata - 'supersedes' - 'superseded_by')
-               || jsonb_build_object('retired', jsonb_build_object('reason', %s::text, 'by', %s::text, 'at', now()))
-    WHERE id = %s AND org_id = %s"""
+    """UPDATE {schema}.{gov} SET status = 'retired', updated_at = now(), title = NULL,
+    metadata = jsonb_build_object(
+        'assignment_id', metadata->>'assignment_id',
+        'retired', jsonb_build_object(
+            'reason', %(reason)s::text, 'by', %(actor)s::text, 'at', now(),
+            'previous_status', CASE WHEN status = 'superseded' AND metadata->>'superseded_from' = ANY(%(held)s::text[])
+                                    THEN metadata->>'superseded_from' ELSE status END))
+    WHERE id = %(document_id)s AND org_id = %(org_id)s"""
+)
+# Observations of the scope that a forgotten fact is evidence of (their text or summary holds its words),
+# locked: they are forgotten with it.
+OBSERVATIONS_OF = sql.SQL(
+    """SELECT g.id FROM {schema}.{gov} g
+    WHERE g.org_id = %(org_id)s AND g.source = %(source)s AND g.metadata->>'assignment_id' = %(assignment_id)s
+      AND g.status <> 'retired' AND g.metadata->'evidence' ? %(document_id)s
+    ORDER BY g.id FOR UPDATE"""
+)
+# The raw facts an observation consolidated come back to recall when the observation is forgotten (reflect
+# read them approved; the next reflect groups them again).
+RELEASE_EVIDENCE = sql.SQL(
+    """UPDATE {schema}.{gov} g SET status = 'approved', updated_at = now(), metadata = g.metadata - 'consolidated_into'
+    WHERE g.org_id = %(org_id)s AND g.source = %(source)s AND g.metadata->>'assignment_id' = %(assignment_id)s
+      AND g.status = 'consolidated' AND g.metadata->>'consolidated_into' = %(document_id)s
+    RETURNING g.id"""
+)
+# Votes are counted anew after a person's decision (review accept): the votes that flagged it were weighed.
+RESET_VOTES = sql.SQL(
+    """WITH d AS (DELETE FROM {mem}.feedback WHERE document_id = %s RETURNING verdict)
+    SELECT count(*) FILTER (WHERE verdict = 'confirm'), count(*) FILTER (WHERE verdict = 'flag') FROM d"""
 )
 # A fact's links in its chain (`supersedes`, `superseded_by`; facts/SUPERSEDE): the fact itself, the facts it
 # superseded and its successor, locked, so that forgetting it can keep the chain whole.
@@ -164,10 +202,74 @@ MARK_CONSOLIDATED = sql.SQL(
     metadata = metadata || jsonb_build_object('consolidated_into', %s::text)
     WHERE id = %s AND org_id = %s AND status = 'approved'"""
 )
+# The observation's evidence and what it holds for (`reflect.validity_of`: valid_from, and valid_to and
+# expires_at only when set: an open period or no expiry removes the key).
 SET_EVIDENCE = sql.SQL(
     """UPDATE {schema}.{gov} SET updated_at = now(),
-    metadata = metadata || jsonb_build_object('evidence', %s::jsonb, 'count', %s::int)
-    WHERE id = %s AND org_id = %s"""
+    metadata = (metadata - 'valid_to' - 'expires_at')
+               || jsonb_build_object('evidence', %(evidence)s::jsonb, 'count', %(count)s::int)
+               || jsonb_strip_nulls(%(validity)s::jsonb)
+    WHERE id = %(observation)s AND org_id = %(org_id)s"""
+)
+# An observation answers questions worded like any of its evidence: its recall row's lexemes are its own
+# text's and, counted once each (`strip`: no positions), its live evidence's (as a successor's take its
+# predecessors', facts.INHERIT_TERMS), so that words its members share do not rank it above what they
+# ranked. Its vector, its length and the text recall returns stay its own.
+OBSERVATION_TERMS = sql.SQL(
+    """UPDATE {schema}.osa_fact_terms t SET terms = ls.terms, term_keys = {term_keys}
+    FROM (SELECT to_tsvector(%(language)s::regconfig,
+                             regexp_replace(c.content, '^<!-- osa-memory:scope [^\n]* -->\n', ''))
+                 || strip(to_tsvector(%(language)s::regconfig, coalesce((
+                     SELECT string_agg(regexp_replace(p.content, '^<!-- osa-memory:scope [^\n]* -->\n', ''),
+                                       E'\n' ORDER BY p.id)
+                     FROM {schema}.{chunk} p JOIN {schema}.{gov} e ON e.id = p.id
+                     WHERE e.org_id = %(org_id)s AND e.source = %(source)s
+                       AND e.metadata->>'assignment_id' = %(assignment_id)s AND e.status <> 'retired'
+                       AND e.id IN (SELECT jsonb_array_elements_text(o.metadata->'evidence')
+                                    FROM {schema}.{gov} o
+                                    WHERE o.id = %(observation)s AND o.org_id = %(org_id)s)), ''))) AS tsv
+          FROM {schema}.{chunk} c WHERE c.id = %(observation)s
+          OFFSET 0) x,  -- tokenised once (see facts.SCOPE_ROWS)
+         LATERAL ({lexeme_stats}) ls
+    WHERE t.document_id = %(observation)s AND t.org_id = %(org_id)s"""
+)
+# An observation takes the place of its earliest evidence in the scope's storing order (`seq`, on its
+# governing and recall rows), so that recall's context window sees it among the facts stored around its
+# evidence, as it saw the evidence, rather than after the scope's latest facts.
+PLACE_OBSERVATION = sql.SQL(
+    """WITH p AS (
+    SELECT min(e.seq) AS seq FROM {schema}.{gov} e
+    WHERE e.org_id = %(org_id)s AND e.source = %(source)s AND e.metadata->>'assignment_id' = %(assignment_id)s
+      AND e.id IN (SELECT jsonb_array_elements_text(o.metadata->'evidence') FROM {schema}.{gov} o
+                   WHERE o.id = %(observation)s AND o.org_id = %(org_id)s)
+),
+g AS (
+    UPDATE {schema}.{gov} SET seq = p.seq FROM p
+    WHERE id = %(observation)s AND org_id = %(org_id)s AND p.seq IS NOT NULL
+    RETURNING {schema}.{gov}.seq
+)
+UPDATE {schema}.osa_fact_terms t SET seq = g.seq FROM g
+WHERE t.document_id = %(observation)s AND t.org_id = %(org_id)s"""
+)
+# Every live observation with evidence, for `reflect.repair_observations` (an operator's pass over all scopes).
+REPAIR_OBSERVATIONS = sql.SQL(
+    """SELECT g.id, g.org_id, g.metadata->>'assignment_id', g.status, g.metadata, g.created_at, c.content
+    FROM {schema}.{gov} g LEFT JOIN {schema}.{chunk} c ON c.id = g.id
+    WHERE g.source = %(source)s AND g.metadata->>'kind' = 'observation' AND g.metadata ? 'evidence'
+      AND g.status <> 'retired'
+    ORDER BY g.org_id, g.metadata->>'assignment_id', g.id"""
+)
+EVIDENCE_ROWS = sql.SQL(
+    """SELECT g.id, g.status, g.metadata, g.created_at, c.content
+    FROM {schema}.{gov} g LEFT JOIN {schema}.{chunk} c ON c.id = g.id
+    WHERE g.id = ANY(%(ids)s) AND g.org_id = %(org_id)s AND g.source = %(source)s
+      AND g.metadata->>'assignment_id' = %(assignment_id)s"""
+)
+# A fact an observation should never have absorbed is recalled again as it was before (only `approved`
+# facts are consolidated).
+RESTORE_EVIDENCE = sql.SQL(
+    """UPDATE {schema}.{gov} SET status = 'approved', updated_at = now(), metadata = metadata - 'consolidated_into'
+    WHERE id = %s AND org_id = %s AND status = 'consolidated' AND metadata->>'consolidated_into' = %s"""
 )
 REFLECT_SCOPES = sql.SQL(
     """SELECT DISTINCT org_id, metadata->>'assignment_id' FROM {schema}.{gov}
@@ -192,6 +294,10 @@ _STATEMENTS: dict[str, sql.SQL] = {
     "REFLECT_CANDIDATES": REFLECT_CANDIDATES,
     "MARK_CONSOLIDATED": MARK_CONSOLIDATED,
     "SET_EVIDENCE": SET_EVIDENCE,
+    "REPAIR_OBSERVATIONS": REPAIR_OBSERVATIONS,
+    "EVIDENCE_ROWS": EVIDENCE_ROWS,
+    "RESTORE_EVIDENCE": RESTORE_EVIDENCE,
+    "PLACE_OBSERVATION": PLACE_OBSERVATION,
     "REFLECT_SCOPES": REFLECT_SCOPES,
     "COUNT_SCOPE": COUNT_SCOPE,
     "SELECT_FACT": SELECT_FACT,
@@ -201,6 +307,9 @@ _STATEMENTS: dict[str, sql.SQL] = {
     "UPSERT_VOTE": UPSERT_VOTE,
     "SET_STATUS": SET_STATUS,
     "RETIRE": RETIRE,
+    "OBSERVATIONS_OF": OBSERVATIONS_OF,
+    "RELEASE_EVIDENCE": RELEASE_EVIDENCE,
+    "RESET_VOTES": RESET_VOTES,
     "DELETE_CHUNKS": DELETE_CHUNKS,
     "LOCK_LINKED": LOCK_LINKED,
     "SET_LINKS": SET_LINKS,
@@ -240,16 +349,33 @@ def encode_cursor(created_at: datetime, document_id: str) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
+_INVALID_CURSOR = "cursor is not valid: pass the next_cursor value of a previous kb_memory_list answer"
+_HEX = frozenset("0123456789abcdef")
+
+
 def decode_cursor(cursor: str) -> tuple[str, str]:
+    """The ``(created_at, document_id)`` a cursor of :func:`encode_cursor` holds, checked so that a forged
+    cursor is refused here and never reaches the database: the time is re-serialised in UTC (PostgreSQL
+    reads every form Python writes), the id is a fact id (64 hexadecimal characters).
+
+    :raises InvalidInputError: the cursor is not one this server wrote.
+    """
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
-        at, doc_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        datetime.fromisoformat(at)
-        if not isinstance(doc_id, str):
+        decoded = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")))
+        if not isinstance(decoded, list) or len(decoded) != 2:
+            raise TypeError(decoded)
+        at, doc_id = decoded
+        if not isinstance(at, str) or not isinstance(doc_id, str):
+            raise TypeError(decoded)
+        moment = datetime.fromisoformat(at)
+        if moment.tzinfo is None:
+            raise TypeError(at)
+        at = moment.astimezone(UTC).isoformat()
+        if len(doc_id) != DOCUMENT_ID_LENGTH or not _HEX.issuperset(doc_id):
             raise TypeError(doc_id)
-    except (ValueError, TypeError) as e:
-        msg = "cursor is not valid: pass the next_cursor value of a previous kb_memory_list answer"
-        raise InvalidInputError(msg) from e
+    except (ValueError, TypeError, OverflowError, RecursionError) as e:
+        raise InvalidInputError(_INVALID_CURSOR) from e
     return at, doc_id
 
 
@@ -290,6 +416,11 @@ class LifecycleRepository:
         self.config = config
         names = {**config.sql_names(), "scoped": _SCOPED}
         self._q = {name: statement.format(**names) for name, statement in _STATEMENTS.items()}
+        self._q["INHERIT_TERMS"] = INHERIT_TERMS.format(
+            **config.sql_names(),
+            lexeme_stats=lexeme_stats(sql.SQL("x.tsv")),
+            term_keys=term_keys_of(sql.SQL("ls.terms"), sql.SQL("%(org_id)s"), sql.SQL("%(assignment_id)s")),
+        )
 
     # -- helpers ---------------------------------------------------------------------------------
     def _params(self, scope: Scope, document_id: str) -> dict[str, Any]:
@@ -391,8 +522,10 @@ class LifecycleRepository:
             confirms, flags, _ = self._votes(conn, document_id)
             trust = trust_of(confirms, flags)
             new_status = status
-            if status in (APPROVED, FLAGGED):
-                new_status = FLAGGED if trust < floor else APPROVED
+            # Flags may take a fact out of recall; only a person's review brings it back (confirmations
+            # never lift a flag).
+            if status in FLAGGABLE_STATUSES and trust < floor:
+                new_status = FLAGGED
             if new_status != status:
                 conn.execute(self._q["SET_STATUS"], (new_status, document_id, scope.org_id))
             self._audit(
@@ -415,18 +548,23 @@ class LifecycleRepository:
     # -- forget ----------------------------------------------------------------------------------
     @_scoped
     def forget(self, scope: Scope, document_id: str, *, reason: str, actor: str) -> bool:
-        """Retire the governing row (reason kept, redacted), delete its chunk, votes and reads."""
+        """Retire the governing row down to its tombstone (reason kept, redacted), delete its chunk, recall
+        row, votes and reads; its successor's recall row loses its words, and the observations it is
+        evidence of are forgotten with it (their raw facts come back to recall)."""
         reason = self._redact(reason) or ""
         with transaction(self.conn_str, self.config) as conn:
             row = conn.execute(self._q["LOCK_FACT"], self._params(scope, document_id)).fetchone()
             if row is None:
                 return False
-            chain = self._unlink(conn, scope, document_id)
-            conn.execute(self._q["RETIRE"], (reason, actor, document_id, scope.org_id))
-            conn.execute(self._q["DELETE_CHUNKS"], (document_id,))
-            conn.execute(self._q["DELETE_VOTES"], (document_id,))
-            conn.execute(self._q["DELETE_READS"], (document_id,))
-            conn.execute(self._q["DELETE_TERMS"], (document_id, scope.org_id))
+            details: dict[str, Any] = {"reason": reason, "previous_status": row[0]}
+            details.update(self._retire(conn, scope, document_id, reason=reason, actor=actor))
+            observations = [
+                r[0] for r in conn.execute(self._q["OBSERVATIONS_OF"], self._params(scope, document_id)).fetchall()
+            ]
+            for observation in observations:
+                self._retire(conn, scope, observation, reason=reason, actor=actor)
+            if observations:
+                details["observations_forgotten"] = observations
             self._audit(
                 conn,
                 actor=actor,
@@ -434,9 +572,32 @@ class LifecycleRepository:
                 org_id=scope.org_id,
                 assignment_id=scope.assignment_id,
                 document_id=document_id,
-                details={"reason": reason, "previous_status": row[0], **chain},
+                details=details,
             )
         return True
+
+    def _retire(
+        self, conn: psycopg.Connection[Any], scope: Scope, document_id: str, *, reason: str, actor: str
+    ) -> dict[str, Any]:
+        """One fact forgotten (in the caller's transaction): unlinked from its chain, reduced to its
+        tombstone, everything computed from its words deleted. Returns what changed, for the audit."""
+        params = self._params(scope, document_id)
+        changes = self._unlink(conn, scope, document_id)
+        retire = {**params, "reason": reason, "actor": actor, "held": list(HELD_STATUSES)}
+        conn.execute(self._q["RETIRE"], retire)
+        conn.execute(self._q["DELETE_CHUNKS"], (document_id,))
+        conn.execute(self._q["DELETE_VOTES"], (document_id,))
+        conn.execute(self._q["DELETE_READS"], (document_id,))
+        conn.execute(self._q["DELETE_TERMS"], (document_id, scope.org_id))
+        if changes.get("to"):
+            # The successor's recall row held the forgotten fact's lexemes (facts/INHERIT_TERMS): recomputed
+            # from its own text and the predecessors it still lists.
+            inherit = {**params, "successor": changes["to"], "language": self.config.language}
+            conn.execute(self._q["INHERIT_TERMS"], inherit)
+        released = [r[0] for r in conn.execute(self._q["RELEASE_EVIDENCE"], params).fetchall()]
+        if released:
+            changes["released"] = released
+        return changes
 
     def _unlink(self, conn: psycopg.Connection[Any], scope: Scope, document_id: str) -> dict[str, Any]:
         """Take a fact about to be forgotten out of its chain. The facts it superseded link to its successor
@@ -453,6 +614,8 @@ class LifecycleRepository:
             status, meta = rows[successor]
             kept = [i for i in meta.get("supersedes", []) if i != document_id]
             meta["supersedes"] = list(dict.fromkeys([*kept, *predecessors]))
+            if not meta["supersedes"]:
+                del meta["supersedes"]
             changes.append((successor, status, meta))
             until = rows[document_id][1].get("valid_to")
             for pred in predecessors:
@@ -577,11 +740,20 @@ class LifecycleRepository:
 
     @_scoped
     def consolidate(
-        self, scope: Scope, observation_id: str, evidence: list[str], merged: list[str], *, actor: str
+        self,
+        scope: Scope,
+        observation_id: str,
+        evidence: list[str],
+        merged: list[str],
+        *,
+        actor: str,
+        validity: dict[str, str | None] | None = None,
     ) -> int:
-        """Link ``evidence`` to the observation and retire ``merged`` raw facts from recall; one transaction."""
+        """Link ``evidence`` to the observation, set what it holds for (``validity``: `reflect.validity_of`),
+        let its recall row answer its evidence's words, and take the ``merged`` raw facts out of recall;
+        one transaction."""
         with transaction(self.conn_str, self.config) as conn:
-            conn.execute(self._q["SET_EVIDENCE"], (json.dumps(evidence), len(evidence), observation_id, scope.org_id))
+            self._set_evidence(conn, scope, observation_id, evidence, validity)
             retired = 0
             for doc_id in merged:
                 retired += conn.execute(self._q["MARK_CONSOLIDATED"], (observation_id, doc_id, scope.org_id)).rowcount
@@ -592,9 +764,92 @@ class LifecycleRepository:
                 org_id=scope.org_id,
                 assignment_id=scope.assignment_id,
                 document_id=observation_id,
-                details={"evidence": evidence, "merged": merged},
+                details={"evidence": evidence, "merged": merged, **({"validity": validity} if validity else {})},
             )
         return retired
+
+    def _set_evidence(
+        self,
+        conn: psycopg.Connection[Any],
+        scope: Scope,
+        observation_id: str,
+        evidence: list[str],
+        validity: dict[str, str | None] | None,
+    ) -> None:
+        params = {**self._params(scope, observation_id), "observation": observation_id}
+        linked = {"evidence": json.dumps(evidence), "count": len(evidence), "validity": json.dumps(validity or {})}
+        conn.execute(self._q["SET_EVIDENCE"], {**params, **linked})
+        conn.execute(self._q["PLACE_OBSERVATION"], params)
+        terms = OBSERVATION_TERMS.format(
+            **self.config.sql_names(),
+            lexeme_stats=lexeme_stats(sql.SQL("x.tsv")),
+            term_keys=term_keys_of(sql.SQL("ls.terms"), sql.SQL("%(org_id)s"), sql.SQL("%(assignment_id)s")),
+        )
+        conn.execute(terms, {**params, "language": self.config.language})
+
+    def observations(self) -> list[dict[str, Any]]:
+        """Every live observation with evidence, of every scope (for an operator's repair)."""
+        with transaction(self.conn_str, self.config) as conn:
+            rows = conn.execute(self._q["REPAIR_OBSERVATIONS"], {"source": FACT_SOURCE}).fetchall()
+        keys = ("document_id", "org_id", "assignment_id", "status", "metadata", "created_at", "content")
+        out = [dict(zip(keys, r, strict=True)) for r in rows]
+        for item in out:
+            item["content"] = strip_marker(item["content"] or "")
+        return [o for o in out if o["assignment_id"]]
+
+    @_scoped
+    def evidence_rows(self, scope: Scope, document_ids: list[str]) -> list[dict[str, Any]]:
+        """The facts of the scope with these ids, any status, with text (marker stripped), metadata and age."""
+        params = {**self._params(scope, ""), "ids": document_ids}
+        with transaction(self.conn_str, self.config) as conn:
+            rows = conn.execute(self._q["EVIDENCE_ROWS"], params).fetchall()
+        keys = ("document_id", "status", "metadata", "created_at", "content")
+        out = [dict(zip(keys, r, strict=True)) for r in rows]
+        for item in out:
+            item["content"] = strip_marker(item["content"] or "")
+        return out
+
+    @_scoped
+    def repair_observation(
+        self,
+        scope: Scope,
+        observation_id: str,
+        *,
+        evidence: list[str],
+        restore: list[str],
+        validity: dict[str, str | None] | None,
+        actor: str,
+    ) -> int:
+        """Put the ``restore`` facts back in recall (`approved`) and keep ``evidence`` with ``validity`` on the
+        observation, or, when ``evidence`` is empty, retire the observation (its other facts come back too);
+        one transaction with a `repair` audit row. Returns the facts put back."""
+        with transaction(self.conn_str, self.config) as conn:
+            row = conn.execute(self._q["LOCK_FACT"], self._params(scope, observation_id)).fetchone()
+            if row is None:
+                return 0
+            restored = [
+                doc_id
+                for doc_id in restore
+                if conn.execute(self._q["RESTORE_EVIDENCE"], (doc_id, scope.org_id, observation_id)).rowcount
+            ]
+            details: dict[str, Any] = {"restored": restored, "evidence": evidence, "validity": validity}
+            if evidence:
+                self._set_evidence(conn, scope, observation_id, evidence, validity)
+            else:
+                reason = "repair: its evidence did not all say the same thing"
+                released = self._retire(conn, scope, observation_id, reason=reason, actor=actor).get("released", [])
+                restored.extend(released)
+                details.update(restored=restored, retired=True)
+            self._audit(
+                conn,
+                actor=actor,
+                action="repair",
+                org_id=scope.org_id,
+                assignment_id=scope.assignment_id,
+                document_id=observation_id,
+                details=details,
+            )
+        return len(restored)
 
     def reflect_scopes(self) -> list[Scope]:
         """Every scope that has approved facts."""
@@ -649,12 +904,18 @@ class LifecycleRepository:
             row = None
             if found is not None:
                 row = conn.execute(self._q["LOCK_FOR_REVIEW"], (document_id, found[0], FACT_SOURCE)).fetchone()
-            if row is None or row[2] not in (PROPOSED, FLAGGED):
+            if row is None or row[2] not in REVIEWABLE_STATUSES:
                 msg = f"no proposed or flagged fact with id {document_id}: see `osa-memory review list`"
                 raise InvalidInputError(msg)
             org_id, assignment_id, status = row
             new_status = APPROVED if accept else REJECTED
             conn.execute(self._q["SET_STATUS"], (new_status, document_id, org_id))
+            details: dict[str, Any] = {"from": status, "to": new_status, "note": note}
+            if accept:
+                # A person's decision stands: the votes it weighed no longer count against it.
+                reset = conn.execute(self._q["RESET_VOTES"], (document_id,)).fetchone()
+                assert reset is not None
+                details["votes_reset"] = {"confirms": int(reset[0]), "flags": int(reset[1])}
             self._audit(
                 conn,
                 actor=actor,
@@ -662,7 +923,7 @@ class LifecycleRepository:
                 org_id=org_id,
                 assignment_id=assignment_id,
                 document_id=document_id,
-                details={"from": status, "to": new_status, "note": note},
+                details=details,
             )
         return {"document_id": document_id, "status": new_status, "previous_status": status}
 

@@ -257,6 +257,39 @@ CREATE_TERMS_TRUNCATE_TRIGGER = sql.SQL(
     """CREATE TRIGGER osa_fact_terms_truncate AFTER TRUNCATE ON {schema}.{table}
         FOR EACH STATEMENT EXECUTE FUNCTION {schema}.osa_fact_terms_invalidate()"""
 )
+# Version 11: the review console. Tokens carry a role (`agent`, the default, acts over MCP; `reviewer` and
+# `admin` sign in to the console, for one org, with no assignment) and the person's name; console
+# sessions are server-side rows keyed by a sha256 of the cookie's session id.
+ADD_TOKEN_ROLES = sql.SQL(
+    """ALTER TABLE {schema}.tokens ADD COLUMN IF NOT EXISTS role VARCHAR(16) NOT NULL DEFAULT 'agent',
+    ADD COLUMN IF NOT EXISTS display_name TEXT, ALTER COLUMN assignment_id DROP NOT NULL"""
+)
+CREATE_CONSOLE_SESSIONS_TABLE = sql.SQL(
+    """CREATE TABLE IF NOT EXISTS {schema}.console_sessions (
+    session_sha256 CHAR(64) PRIMARY KEY,
+    token_id VARCHAR(32) NOT NULL,
+    org_id TEXT NOT NULL,
+    role VARCHAR(16) NOT NULL,
+    display_name TEXT NOT NULL,
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    last_seen_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    expires_at TIMESTAMPTZ NOT NULL,
+    ended_at TIMESTAMPTZ)"""
+)
+# A scope's facts in storing order (`kb_memory_list`, the console's assignment browser) and the org's
+# review queue (proposed and flagged facts, oldest first) read an index in order instead of sorting
+# every row of the scope or org.
+CREATE_SCOPE_CREATED_INDEX = sql.SQL(
+    """CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON {schema}.{table}
+    (org_id, (metadata->>'assignment_id'), created_at, id)"""
+)
+CREATE_REVIEW_QUEUE_INDEX = sql.SQL(
+    """CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON {schema}.{table} (org_id, created_at, id)
+    WHERE status IN ('proposed', 'flagged')"""
+)
+CREATE_CONSOLE_SESSIONS_INDEX = sql.SQL(
+    "CREATE INDEX IF NOT EXISTS console_sessions_token_idx ON {schema}.console_sessions (token_id)"
+)
 READ_VERSION = sql.SQL("SELECT max(version) FROM {schema}.schema_version")
 WRITE_VERSION = sql.SQL("INSERT INTO {schema}.schema_version (version, applied_at) VALUES (%s, now())")
 EMBEDDING_DIMENSION = sql.SQL(
@@ -606,6 +639,36 @@ MIGRATIONS: tuple[Migration, ...] = (
             ),
         ),
     ),
+    Migration(
+        11,
+        "the review console: token roles (agent, reviewer, admin) and names, server-side console sessions; "
+        "indexes for a scope's facts in storing order and for the review queue",
+        (
+            Step(lambda n: ADD_TOKEN_ROLES.format(schema=n.mem), _mem_table("tokens"), ACCESS_EXCLUSIVE),
+            Step(
+                lambda n: CREATE_CONSOLE_SESSIONS_TABLE.format(schema=n.mem),
+                _mem_table("console_sessions"),
+                NEW_TABLE,
+            ),
+            Step(
+                lambda n: CREATE_CONSOLE_SESSIONS_INDEX.format(schema=n.mem),
+                _mem_table("console_sessions"),
+                "SHARE (our table)",
+            ),
+            Step(
+                _index(CREATE_SCOPE_CREATED_INDEX, "scope_created_idx", "gov"),
+                _gov,
+                SHARE_UPDATE_EXCLUSIVE,
+                in_transaction=False,
+            ),
+            Step(
+                _index(CREATE_REVIEW_QUEUE_INDEX, "review_queue_idx", "gov"),
+                _gov,
+                SHARE_UPDATE_EXCLUSIVE,
+                in_transaction=False,
+            ),
+        ),
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
@@ -738,6 +801,62 @@ def _grant_steps(role: str) -> tuple[Step, ...]:
     return tuple(Step(_grant(statement, role), label, NO_TABLE_LOCK) for statement, label in GRANTS)
 
 
+# -- the console role (`osa-memory init --console-role NAME`): what the review console does, no more ---
+# Review transitions and forget (status and metadata of governing rows; a forgotten fact's chunk, terms,
+# votes and reads), kill switches, audit rows, token sign-in and revocation, its own sessions. Never
+# INSERT on the fact tables (the console stores no fact) and never DDL.
+CONSOLE_GRANTS: tuple[tuple[sql.SQL, Callable[[Names], str | None]], ...] = (
+    (sql.SQL("GRANT USAGE ON SCHEMA {kb} TO {role}"), _no_table),
+    (sql.SQL("GRANT USAGE ON SCHEMA {mem} TO {role}"), _no_table),
+    (sql.SQL("GRANT SELECT, UPDATE ON {kb}.{gov} TO {role}"), _gov),
+    (sql.SQL("GRANT SELECT, DELETE ON {kb}.{chunk} TO {role}"), _chunk),
+    (sql.SQL("GRANT SELECT, DELETE ON {kb}.osa_fact_terms TO {role}"), _terms),
+    (sql.SQL("GRANT SELECT, DELETE ON {mem}.feedback, {mem}.reads TO {role}"), _no_table),
+    (sql.SQL("GRANT SELECT, INSERT ON {mem}.audit TO {role}"), _mem_table("audit")),
+    (sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {mem}.switches TO {role}"), _no_table),
+    (sql.SQL("GRANT SELECT, UPDATE (revoked_at) ON {mem}.tokens TO {role}"), _no_table),
+    (sql.SQL("GRANT SELECT, INSERT, UPDATE ON {mem}.console_sessions TO {role}"), _no_table),
+    (sql.SQL("GRANT SELECT ON {mem}.schema_version TO {role}"), _no_table),
+    (sql.SQL("GRANT USAGE ON ALL SEQUENCES IN SCHEMA {mem} TO {role}"), _no_table),
+)
+# With row-level security on, the console role sees the facts of the org its session names (the scope
+# setting's org, `haystack_osa_memory.store.database.fact_scope`), any assignment, and no other org's.
+CONSOLE_POLICY = "osa_memory_console"
+GOV_CONSOLE_POLICY = sql.SQL(
+    """CREATE POLICY osa_memory_console ON {schema}.{table} TO {role}
+    USING (source = {source} AND org_id = {org}) WITH CHECK (source = {source} AND org_id = {org})"""
+)
+CHUNK_CONSOLE_POLICY = sql.SQL(
+    """CREATE POLICY osa_memory_console ON {schema}.{table} TO {role}
+    USING (starts_with(content, {marker}) AND meta->>'org_id' = {org})
+    WITH CHECK (starts_with(content, {marker}) AND meta->>'org_id' = {org})"""
+)
+TERMS_CONSOLE_POLICY = sql.SQL(
+    """CREATE POLICY osa_memory_console ON {schema}.osa_fact_terms TO {role}
+    USING (org_id = {org}) WITH CHECK (org_id = {org})"""
+)
+_CONSOLE_POLICIES = (
+    (_gov_ident, _gov, GOV_CONSOLE_POLICY),
+    (_chunk_ident, _chunk, CHUNK_CONSOLE_POLICY),
+    (_terms_ident, _terms, TERMS_CONSOLE_POLICY),
+)
+
+
+def _console_steps(role: str, *, policies: bool) -> tuple[Step, ...]:
+    steps = [Step(_grant(statement, role), label, NO_TABLE_LOCK) for statement, label in CONSOLE_GRANTS]
+    if policies:
+        for ident, label, template in _CONSOLE_POLICIES:
+            steps.append(
+                Step(
+                    _on_table(DROP_POLICY, ident, policy=sql.Identifier(CONSOLE_POLICY)),
+                    label,
+                    ACCESS_EXCLUSIVE_IF_PRESENT,
+                )
+            )
+            steps.append(Step(_on_table(template, ident, role=sql.Identifier(role)), label, ACCESS_EXCLUSIVE))
+    return tuple(steps)
+
+
 @dataclass(frozen=True)
 class PlannedStep:
     """One statement `init` runs (or would run, with ``--dry-run``)."""
@@ -774,6 +893,7 @@ class InitReport:
     steps: list[PlannedStep] = field(default_factory=list)
     row_level_security: bool = False
     runtime_role: str | None = None
+    console_role: str | None = None
     dry_run: bool = False
 
     def as_dict(self) -> dict[str, Any]:
@@ -785,6 +905,7 @@ class InitReport:
             "applied": self.applied,
             "row_level_security": self.row_level_security,
             "runtime_role": self.runtime_role,
+            "console_role": self.console_role,
             "dry_run": self.dry_run,
             "steps": [s.as_dict() for s in self.steps],
         }
@@ -814,6 +935,7 @@ def _tables(config: MemoryConfig) -> dict[str, tuple[str, str]]:
         f"{config.memory_schema}.audit": (config.memory_schema, "audit"),
         f"{config.memory_schema}.switches": (config.memory_schema, "switches"),
         f"{config.kb_schema}.osa_fact_terms": (config.kb_schema, "osa_fact_terms"),
+        f"{config.memory_schema}.console_sessions": (config.memory_schema, "console_sessions"),
     }
 
 
@@ -882,6 +1004,7 @@ def ensure_schema(
     runtime_role: str | None = None,
     lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS,
     target_version: int = SCHEMA_VERSION,
+    console_role: str | None = None,
 ) -> InitReport:
     """`osa-memory init`: apply the migrations above the database's version, in order, each in its own
     transaction, under an advisory lock (two `init` at once run one after the other).
@@ -891,6 +1014,8 @@ def ensure_schema(
     :param row_level_security: True: turn on row-level security for facts (`RLS_STEPS`); False: turn it
         off; None: leave it as it is.
     :param runtime_role: Grant this existing role the row rights `serve` needs (`GRANTS`), nothing more.
+    :param console_role: Grant this existing role what `osa-memory console` needs (`CONSOLE_GRANTS`), and,
+        with row-level security on, the policies that show it one org's facts at a time.
     :param lock_timeout_ms: Give up on a table lock after this long rather than queue the team's
         queries behind us.
     :param target_version: Stop after this version (tests of upgrades from earlier versions).
@@ -899,7 +1024,7 @@ def ensure_schema(
             database's schema is newer than this package.
         DatabaseError: a statement failed (for example on ``lock_timeout``); what committed before stays.
     """
-    report = InitReport(dry_run=dry_run, runtime_role=runtime_role)
+    report = InitReport(dry_run=dry_run, runtime_role=runtime_role, console_role=console_role)
     try:
         with psycopg.connect(conn_str, **connection_kwargs(config)) as conn:
             conn.execute(SET_LOCK_TIMEOUT.format(ms=sql.Literal(int(lock_timeout_ms))))
@@ -908,7 +1033,7 @@ def ensure_schema(
             # Until the next check, sessions set their scope again (row-level security may now be on).
             note_row_level_security(conn_str, config.kb_schema, True)
             try:
-                _run_init(conn, config, report, row_level_security, runtime_role, target_version)
+                _run_init(conn, config, report, row_level_security, runtime_role, target_version, console_role)
             finally:
                 if not dry_run and not conn.closed:
                     conn.execute(INIT_SESSION_UNLOCK)
@@ -931,6 +1056,7 @@ def _run_init(
     row_level_security: bool | None,
     runtime_role: str | None,
     target_version: int,
+    console_role: str | None = None,
 ) -> None:
     dry_run = report.dry_run
     _check_dimension(conn, config)
@@ -972,6 +1098,15 @@ def _run_init(
         extra.append(("row-level security off", _rls_off_steps()))
     if runtime_role is not None:
         extra.append((f"rights of the runtime role {runtime_role} (rows only, no DDL)", _grant_steps(runtime_role)))
+    if console_role is not None:
+        has_gov = _exists(conn, config.kb_schema, config.governing_table)
+        rls_after = row_level_security is True or (row_level_security is None and has_gov and _rls_on(conn, config))
+        extra.append(
+            (
+                f"rights of the console role {console_role} (review, switches, audit, tokens; no DDL)",
+                _console_steps(console_role, policies=rls_after),
+            )
+        )
     n = _names(conn, config)
     for purpose, steps in extra:
         report.steps += _plan(conn, n, None, purpose, steps)

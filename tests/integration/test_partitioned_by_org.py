@@ -40,6 +40,7 @@ from psycopg.types.json import Jsonb
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
 from haystack_osa_memory.errors import AuthenticationError, MemoryOffError, SupersessionError
+from haystack_osa_memory.reflect import repair_observations
 from haystack_osa_memory.store import facts as facts_module
 from haystack_osa_memory.store.database import close_pools
 from haystack_osa_memory.store.facts import count_facts
@@ -114,6 +115,12 @@ BY_DESIGN: tuple[Listed, ...] = (
         ("SELECT DISTINCT org_id, metadata->>'assignment_id'",),
         {"governing"},
         "`osa-memory reflect --all` (nightly) finds the scopes of every org (every shard)",
+    ),
+    _listed(
+        "REPAIR_OBSERVATIONS",
+        ("g.metadata->>'kind' = 'observation' AND g.metadata ? 'evidence'",),
+        {"governing", "chunk"},
+        "the repair of observations (an operator's command) goes over every org's observations (every shard)",
     ),
     _listed(
         "COUNT_FACTS",
@@ -632,7 +639,7 @@ def run_operations(cfg: MemoryConfig, orgs: tuple[str, str]) -> None:
         lexical.feedback(ids[1], "confirm", caller=me)
         for peer in peers:  # trust 1/4 falls below the floor: the fact is flagged
             lexical.feedback(ids[2], "flag", note="outdated", caller=peer)
-        assert lexical.feedback(ids[2], "confirm", caller=me)["status"] == "approved"  # trust 2/5
+        assert lexical.feedback(ids[2], "confirm", caller=me)["status"] == "flagged"  # 2/5: a review restores it
         assert lexical.feedback(ids[2], "flag", caller=me)["status"] == "flagged"  # the vote replaced: 1/5
         lexical.forget(ids[1], "superseded", caller=me)
         # A fact that changes: supersession (and a refused one), its history, forgetting inside the chain.
@@ -643,9 +650,19 @@ def run_operations(cfg: MemoryConfig, orgs: tuple[str, str]) -> None:
         assert [v["document_id"] for v in lexical.history(moved, caller=me)] == [window, moved]
         assert lifecycle.find_scope(moved) == Scope(org, ASSIGNMENT)
         assert lexical.recall("deploy window", caller=me, as_of="2026-02-01")["facts"]
+        # The value goes back: the first window holds again, its former successor stops listing it.
+        lexical.store("The deploy window is 14-16 UTC", caller=me, supersedes=[moved])
         lexical.forget(moved, "wrong window", caller=me)
         assert lexical.status(caller=me)["database"] == "ok"
-        assert lexical.reflect(caller=me)["facts_consolidated"] == 2
+        reflected = lexical.reflect(caller=me)
+        assert reflected["facts_consolidated"] == 2
+        # The repair of observations: its pass over every org (nothing to repair), then one repair written.
+        assert repair_observations(lifecycle, dry_run=True) == 0
+        (observation,) = reflected["observations_created"]
+        evidence = lexical.read(observation, caller=me)["evidence"]
+        assert lifecycle.repair_observation(
+            Scope(org, ASSIGNMENT), observation, evidence=[], restore=evidence[:1], validity=None, actor="ops"
+        ) == len(evidence)
         exported = list(lexical.export(caller=me))
         items = [ImportItem(fact=row["fact"], origin="export") for row in exported[:1]]
         items += [ImportItem(fact=f"Imported fact {n} about the billing portal", origin="notes") for n in range(3)]

@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("components", ("components",)),
     ("assembly", ("builders", "embedders", "yaml_pipelines")),
     ("application", ("memory", "offline", "durable_queue", "reflect", "transfer", "agent_tools")),
-    ("mcp", ("mcp",)),
+    ("mcp", ("mcp", "console")),
     ("cli", ("cli",)),
 ]
 RANK = {name: rank for rank, (_, names) in enumerate(LAYERS) for name in names}
