@@ -347,7 +347,8 @@ def build_twin(conn: psycopg.Connection[Any], cfg: MemoryConfig) -> Twin:
             TwinTable("feedback", mem, "feedback", "document_id", ("document_id", "run_id")),
             TwinTable("reads", mem, "reads", "document_id", ("document_id", "run_id")),
         ],
-        whole=[(mem, "tokens"), (mem, "switches"), (mem, "schema_version")],
+        # Console sessions are people's, few and looked up by their own id or token: kept whole like tokens.
+        whole=[(mem, "tokens"), (mem, "switches"), (mem, "schema_version"), (mem, "console_sessions")],
     )
     for schema in dict.fromkeys(twin.schemas.values()):
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
@@ -670,6 +671,7 @@ def run_operations(cfg: MemoryConfig, orgs: tuple[str, str]) -> None:
         assert lexical.customer_search("refund policy", org_id=org)
         issued = tokens.create(org_id=org, assignment_id=ASSIGNMENT, specialist_id="spec-1")
         assert tokens.verify(issued.token).org_id == org
+        assert tokens.org_of(issued.token_id) == org
         assert tokens.is_active(issued.token_id)
         assert tokens.revoke(issued.token_id)
         with pytest.raises(AuthenticationError):
