@@ -512,6 +512,14 @@ print("TOKENS " + json.dumps(out))
 """
 
 
+def fresh_config(conn_str: str, embedder: str) -> MemoryConfig:
+    """A configuration naming schemas of its own (one knowledge base per server under test)."""
+    suffix = uuid.uuid4().hex[:8]
+    return MemoryConfig(
+        pg_conn_str=conn_str, kb_schema=f"load_kb_{suffix}", memory_schema=f"load_mem_{suffix}", embedder=embedder
+    )
+
+
 @dataclass
 class WrkPhase:
     server: str
@@ -647,13 +655,7 @@ def main_wrk(args: argparse.Namespace, report: Report) -> list[WrkPhase]:
                 servers.insert(0, (args.compare, checkout))
             seeded = []
             for label, path in servers:
-                suffix = uuid.uuid4().hex[:8]
-                config = MemoryConfig(
-                    pg_conn_str=conn_str,
-                    kb_schema=f"load_kb_{suffix}",
-                    memory_schema=f"load_mem_{suffix}",
-                    embedder=args.embedder,
-                )
+                config = fresh_config(conn_str, args.embedder)
                 console.print(f"seeding {label}: {args.assignments} assignments x {args.facts} facts ...")
                 tokens = seed_with(path, conn_str, config, args.assignments, args.facts)
                 seeded.append((label, path, config, tokens))
@@ -722,13 +724,7 @@ def main(argv: list[str] | None = None) -> Report:
         main_wrk(args, report)
         return report
     with scratch_database(prefix="osa-load-") as conn_str:
-        suffix = uuid.uuid4().hex[:8]
-        config = MemoryConfig(
-            pg_conn_str=conn_str,
-            kb_schema=f"load_kb_{suffix}",
-            memory_schema=f"load_mem_{suffix}",
-            embedder=args.embedder,
-        )
+        config = fresh_config(conn_str, args.embedder)
         ensure_schema(conn_str, config)
         console.print(f"seeding {args.assignments} assignments x {args.facts} facts ...")
         tokens = seed(config, args.assignments, args.facts, args.embedder)

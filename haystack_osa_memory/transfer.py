@@ -38,10 +38,9 @@ from haystack_osa_memory.validation import (
 )
 
 IMPORTABLE_STATUSES = LISTABLE_STATUSES
-#: The fields a line may have (what `export_line` writes; `content` is another name for `fact`).
-IMPORT_FIELDS: tuple[str, ...] = (
+#: What `export_line` writes, in this order.
+EXPORT_FIELDS: tuple[str, ...] = (
     "fact",
-    "content",
     "topic",
     "kind",
     "status",
@@ -52,6 +51,8 @@ IMPORT_FIELDS: tuple[str, ...] = (
     "valid_to",
     "supersedes",
 )
+#: The fields a line may have (what `export_line` writes; `content` is another name for `fact`).
+IMPORT_FIELDS: tuple[str, ...] = (EXPORT_FIELDS[0], "content", *EXPORT_FIELDS[1:])
 #: The longest fact and topic an import stores, placeholders included. An exported fact is redacted, and a
 #: placeholder counts as the one character it at least replaced (so a fact stored at the limit reads back);
 #: text made of placeholder look-alikes would otherwise pass at any length. Redaction lengthens a fact at
@@ -264,19 +265,7 @@ def read_items(path: Path) -> Iterator[ImportItem | tuple[str, str]]:
 
 def export_line(fact: dict[str, Any]) -> str:
     """One JSONL line of an exported fact (what `read_items` reads back)."""
-    keep = (
-        "fact",
-        "topic",
-        "kind",
-        "status",
-        "expires_at",
-        "document_id",
-        "created_at",
-        "valid_from",
-        "valid_to",
-        "supersedes",
-    )
-    return json.dumps({k: fact.get(k) for k in keep}, ensure_ascii=False, default=str)
+    return json.dumps({k: fact.get(k) for k in EXPORT_FIELDS}, ensure_ascii=False, default=str)
 
 
 def _write_status(item: ImportItem) -> str:
