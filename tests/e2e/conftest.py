@@ -50,18 +50,20 @@ def env_for(config: MemoryConfig, pg_conn_str: str, **extra: str) -> dict[str, s
     return env
 
 
-def wait_for_status(proc: subprocess.Popen[bytes], port: int, log: Path, timeout: float, name: str) -> None:
-    """Until ``http://127.0.0.1:<port>/status`` answers 200; RuntimeError with the process's log when it
+def wait_for_status(
+    proc: subprocess.Popen[bytes], port: int, log: Path, timeout: float, name: str, path: str = "/status"
+) -> None:
+    """Until ``http://127.0.0.1:<port><path>`` answers 200; RuntimeError with the process's log when it
     exits first or ``timeout`` seconds pass."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{name} exited with {proc.returncode}:\n{log.read_text()}")
         with suppress(httpx.HTTPError):
-            if httpx.get(f"http://127.0.0.1:{port}/status", timeout=1).status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{port}{path}", timeout=1).status_code == 200:
                 return
         time.sleep(0.2)
-    raise RuntimeError(f"{name} did not answer /status within {timeout:.0f} s:\n{log.read_text()}")
+    raise RuntimeError(f"{name} did not answer {path} within {timeout:.0f} s:\n{log.read_text()}")
 
 
 @dataclass

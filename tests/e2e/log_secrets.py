@@ -16,7 +16,6 @@ import secrets as random_source
 import signal
 import string
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field
@@ -126,6 +125,22 @@ def _embedded_env() -> dict[str, str]:
     return {**env, "OSA_MEMORY_EMBEDDER": "none", "PYTHONUNBUFFERED": "1"}
 
 
+def _logs(log: Path, data: Path) -> list[Path]:
+    """A server's own output, PostgreSQL's log and anything else written in its data folder's top level."""
+    return [log, data / "pgdata" / "log", *[p for p in data.glob("*") if p.is_file()]]
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (a graceful stop flushes the logs), then SIGKILL past a minute."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 @contextmanager
 def _serve(work_dir: Path, log_level: str, workers: int, name: str) -> Iterator[LoggedServer]:
     """`osa-memory serve` on its own embedded database, with its metrics endpoint on."""
@@ -163,18 +178,11 @@ def _serve(work_dir: Path, log_level: str, workers: int, name: str) -> Iterator[
             name=name,
             mcp_url=f"http://127.0.0.1:{port}/mcp",
             token=token,
-            # its own output, PostgreSQL's log and anything else written in its data folder's top level
-            logs=[log, data / "pgdata" / "log", *[p for p in data.glob("*") if p.is_file()]],
+            logs=_logs(log, data),
             other_urls=[f"http://127.0.0.1:{metrics_port}/metrics"],
         )
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        _stop(proc)
 
 
 @logged_server("serve-one-process")
@@ -210,16 +218,7 @@ def console(work_dir: Path, log_level: str) -> Iterator[LoggedServer]:
         proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = 180.0
-        waited = 0.0
-        while True:
-            assert proc.poll() is None, log.read_text(errors="replace")
-            with suppress(httpx.HTTPError):
-                if httpx.get(f"{base}/signin", timeout=2).status_code == 200:
-                    break
-            assert waited < deadline, log.read_text(errors="replace")
-            time.sleep(0.3)
-            waited += 0.3
+        wait_for_status(proc, port, log, 180, "osa-memory console", path="/signin")
 
         def forms(s: str) -> int:
             origin = {"Origin": base}
@@ -259,7 +258,7 @@ def console(work_dir: Path, log_level: str) -> Iterator[LoggedServer]:
             name="console",
             mcp_url=f"{base}/signin",
             token=reviewer,
-            logs=[log, data / "pgdata" / "log", *[p for p in data.glob("*") if p.is_file()]],
+            logs=_logs(log, data),
             other_urls=[f"{base}/queue", f"{base}/health"],
             own_requests=forms,
             # the console keeps no access log (fact ids are in its paths); the sign-in above asserts it served
@@ -269,13 +268,7 @@ def console(work_dir: Path, log_level: str) -> Iterator[LoggedServer]:
             },
         )
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        _stop(proc)
 
 
 # --- the positions -----------------------------------------------------------------------------------------
