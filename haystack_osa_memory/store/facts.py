@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import compress
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
@@ -29,11 +30,19 @@ from psycopg import sql
 from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.errors import DatabaseError, SupersessionError
 from haystack_osa_memory.store.database import fact_scope, read, transaction
-from haystack_osa_memory.store.ranking import TERM_BITS, TERM_CODE, RankingParams, ScopeStats, rank_scope
+from haystack_osa_memory.store.ranking import (
+    TERM_BITS,
+    TERM_CODE,
+    RankingParams,
+    ScopeStats,
+    context_kept,
+    rank_scope,
+)
 from haystack_osa_memory.store.scope_cache import Check, ScopeCache, governing_row_by_id
 from haystack_osa_memory.store.scope_cache import Statements as CacheStatements
 from haystack_osa_memory.tools import (
     APPROVED,
+    CONSOLIDATED,
     HELD_STATUSES,
     REVIEWABLE_STATUSES,
     SUPERSEDABLE_STATUSES,
@@ -44,6 +53,10 @@ logger = logging.getLogger(__name__)
 
 FACT_SOURCE = "agent_fact"
 FACT_AUDIENCE = "ai_internal"
+#: Facts a recall reads though it never returns them: they lend their terms and vector to their neighbours'
+#: context windows (`ranking.rank_scope`'s ``scored``). A fact reflect consolidated into an observation still
+#: sits between the turns it was stored with; without it they would lose the context it gave them.
+CONTEXT_STATUSES: tuple[str, ...] = (CONSOLIDATED,)
 
 # Upsert by deterministic id. Only a person's review moves a fact out of a held status
 # (`tools.HELD_STATUSES`: proposed, flagged, rejected) into recall, so storing the same text keeps the
@@ -298,20 +311,22 @@ SUPERSEDE_REFUSALS = sql.SQL(
 # matching lexemes in numpy instead of filtering each tsvector in SQL from ~4.4 to ~2.5 ms. Text,
 # metadata and timestamps are fetched afterwards for the few facts returned (SCOPE_FACTS). The recall
 # row is fetched by primary key per fact (a fenced LATERAL): under row-level security the planner
-# misjudged the policy-filtered table and re-scanned it for every fact (17 ms instead of 3 ms).
+# misjudged the policy-filtered table and re-scanned it for every fact (17 ms instead of 3 ms). Facts of
+# `CONTEXT_STATUSES` are read too (``read_statuses``), marked unscored: they only lend context.
 SCOPE_ROWS = sql.SQL(
     """WITH s AS MATERIALIZED (
-    SELECT g.id AS document_id, g.seq, g.created_at, g.metadata->>'expires_at' AS expires_at, g.content_hash
+    SELECT g.id AS document_id, g.seq, g.created_at, g.metadata->>'expires_at' AS expires_at, g.content_hash,
+           g.status = ANY(%(statuses)s) AS scored
     FROM {schema}.{gov} g
     WHERE g.org_id = %(org_id)s
       AND g.audience = ANY(%(audiences)s)
-      AND g.status = ANY(%(statuses)s)
+      AND g.status = ANY(%(read_statuses)s)
       AND g.metadata->>'assignment_id' = %(assignment_id)s
       AND {valid_at}
 )
 SELECT s.document_id, coalesce(t.document_id, f.chunk_id) AS chunk_id, s.expires_at,
        coalesce(1 - (coalesce(t.embedding, f.embedding) <=> %(embedding)s::vector), 'NaN') AS cos,
-       coalesce(t.dl, f.dl)::float8 AS dl, coalesce(t.terms, f.terms) AS terms
+       coalesce(t.dl, f.dl)::float8 AS dl, coalesce(t.terms, f.terms) AS terms, s.scored, s.seq
 FROM s
     LEFT JOIN LATERAL (
         SELECT t.document_id, t.embedding, t.dl, t.terms FROM {schema}.osa_fact_terms t
@@ -339,9 +354,10 @@ ORDER BY s.seq, s.created_at, s.document_id"""
 # carry the scope (schema 10) and ranks them exactly, each with its neighbours in storing order:
 #   1. SCOPE_STATS: the scope's size and mean length (cached for `SCOPE_STATS_TTL_S` per process);
 #   2. BIG_SCOPE_DF: how many facts hold each query lexeme (GIN on scope-salted keys; cached like 1.);
-#   3. BIG_SCOPE_CANDIDATES: the facts holding any of the query's rarer lexemes (df within the cap) and the
-#      nearest vectors (HNSW with pgvector's iterative scan, the scope in its WHERE);
-#   4. BIG_SCOPE_ROWS: those candidates and their admitted neighbours, with what ranking reads.
+#   3. BIG_SCOPE_LEXICAL and BIG_SCOPE_VECTOR, the candidates: the facts holding any of the query's rarer
+#      lexemes (df within the cap) and the nearest vectors (HNSW with pgvector's iterative scan, the scope
+#      in its WHERE);
+#   4. BIG_SCOPE_ROWS: those candidates and their neighbours, with what ranking reads.
 # The scope is a condition of every statement (never a post-filter); a fact without a recall row
 # (written by other tools) is not a candidate there.
 EXACT_SCOPE_MAX = 5000
@@ -426,7 +442,8 @@ BIG_SCOPE_NEIGHBOURS = sql.SQL(
 )
 # The rows of the walks that are admitted (fenced laterals: left to itself the planner hash-joined both
 # whole tables of the scope, 45 ms at 20,000 facts, growing with the scope instead of with the
-# candidates). Overlapping walks read a row twice: it is returned once.
+# candidates). Overlapping walks read a row twice: it is returned once. Rows of `CONTEXT_STATUSES` come
+# back marked unscored, as in SCOPE_ROWS.
 BIG_SCOPE_ROWS = sql.SQL(
     """WITH c AS MATERIALIZED (SELECT DISTINCT s AS seq FROM unnest(%(seqs)s::int8[]) AS s),
 w AS (
@@ -435,13 +452,14 @@ w AS (
     SELECT a.* FROM c, LATERAL ({after}) a
 )
 SELECT DISTINCT ON (w.seq) g.id, w.document_id, g.expires_at,
-       coalesce(1 - (w.embedding <=> %(embedding)s::vector), 'NaN'), w.dl::float8, w.terms, w.seq
+       coalesce(1 - (w.embedding <=> %(embedding)s::vector), 'NaN'), w.dl::float8, w.terms, w.seq, g.scored
 FROM w,
-    LATERAL (SELECT g.id, g.metadata->>'expires_at' AS expires_at FROM {governing_row} g
+    LATERAL (SELECT g.id, g.metadata->>'expires_at' AS expires_at, g.status = ANY(%(statuses)s) AS scored
+             FROM {governing_row} g
              WHERE g.content_hash = w.content_hash AND g.audience = ANY(%(audiences)s)
-               AND g.status = ANY(%(statuses)s) AND g.metadata->>'assignment_id' = %(assignment_id)s
+               AND g.status = ANY(%(read_statuses)s) AND g.metadata->>'assignment_id' = %(assignment_id)s
                AND {valid_at}) g  -- by primary key (scope_cache.GOVERNING_ROW_BY_ID)
-ORDER BY w.seq"""
+ORDER BY w.seq, g.scored DESC  -- an observation before the evidence whose place it takes (ranking.context_kept)"""
 )
 
 
@@ -908,10 +926,15 @@ class FactRepository:
             rows = cur.execute(self._scope_rows, params).fetchall()
         if not rows:
             return []
-        document_ids, chunk_ids, expires, cos, dl, terms = zip(*rows, strict=True)
+        if not all(r[6] for r in rows):
+            rows = list(compress(rows, context_kept([r[7] for r in rows], [r[6] for r in rows])))
+        document_ids, chunk_ids, expires, cos, dl, terms, scored, _ = zip(*rows, strict=True)
+        ranked = rank_scope(
+            cos, dl, terms, query_terms, ranking, scored=None if all(scored) else scored, boost_terms=boost_terms
+        )
         return [
             ScopeHit(document_ids[i], chunk_ids[i], expires[i], lr, ls, vr, vs, fused, i + 1)
-            for i, lr, ls, vr, vs, fused in rank_scope(cos, dl, terms, query_terms, ranking, boost_terms=boost_terms)
+            for i, lr, ls, vr, vs, fused in ranked
         ]
 
     def scope_size(self, org_id: str, assignment_id: str, *, conn: psycopg.Connection[Any]) -> ScopeSize:
@@ -1007,9 +1030,12 @@ class FactRepository:
         # An estimate from the statistics may exceed the scope's size (read at another time): never more facts
         # than the scope has, or BM25's idf would turn negative.
         df = [min(d, float(size.facts)) for d in self._lexeme_counts(cur, scope, keys)]
-        rare = sorted(
-            ((k, d) for k, d in zip(keys, df, strict=True) if 0 < d <= RARE_LEXEME_MAX_DF), key=lambda kd: kd[1]
-        )
+        held = sorted(((k, d) for k, d in zip(keys, df, strict=True) if d > 0), key=lambda kd: kd[1])
+        rare = [(k, d) for k, d in held if d <= RARE_LEXEME_MAX_DF]
+        if not rare and not hybrid:
+            # Only common words and no vector side: the rarest of them bring candidates (bounded like the
+            # rare ones), or the recall would find nothing in a scope where every fact may match.
+            rare = held
         rare = rare[: postings_prefix([d for _, d in rare], LEXICAL_POSTINGS_MAX)]
         seqs: set[int] = set()
         if rare:
@@ -1038,7 +1064,7 @@ class FactRepository:
         ).fetchall()
         if not rows:
             return []
-        document_ids, chunk_ids, expires, cos, dl, terms, row_seqs = zip(*rows, strict=True)
+        document_ids, chunk_ids, expires, cos, dl, terms, row_seqs, admitted = zip(*rows, strict=True)
         candidate = [q in seqs for q in row_seqs]
         # A candidate's neighbours may rank too (the context window lends them its terms and vector, as
         # in the exact path): with 2w neighbours read each way, every fact within w of a candidate has
@@ -1047,6 +1073,7 @@ class FactRepository:
         scored = np.zeros(len(rows), dtype=bool)
         for offset in range(-ranking.window, ranking.window + 1):
             scored[np.clip(at + offset, 0, len(rows) - 1)] = True
+        scored &= np.asarray(admitted, dtype=bool)  # facts only lending context (`CONTEXT_STATUSES`) never rank
         stats = ScopeStats(size.facts, size.mean_dl, df)
         ranked = rank_scope(
             cos, dl, terms, hashes, ranking, stats=stats, scored=scored.tolist(), boost_terms=boost_terms
@@ -1175,11 +1202,13 @@ class FactRepository:
         valid_at: ValidAt = "now",
         history: bool = False,
     ) -> dict[str, Any]:
+        admitted = list(statuses or self.config.admitted_statuses)
         return {
             "org_id": org_id,
             "assignment_id": assignment_id,
             "audiences": list(audiences),
-            "statuses": list(statuses or self.config.admitted_statuses),
+            "statuses": admitted,
+            "read_statuses": [*admitted, *(s for s in CONTEXT_STATUSES if s not in admitted)],
             "valid_at": valid_at,
             "history": history,
         }

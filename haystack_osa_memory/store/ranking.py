@@ -219,6 +219,14 @@ class ScopeStats:
     df: Sequence[float]
 
 
+def context_kept(seqs: Sequence[int], scored: Sequence[bool]) -> list[bool]:
+    """Which rows to rank, of rows read in storing order: every scored row, and each row only lending context
+    (unscored) unless a scored row stands in its place (the same ``seq``: an observation takes the place of
+    its earliest evidence, whose text it holds)."""
+    taken = {q for q, s in zip(seqs, scored, strict=True) if s}
+    return [s or q not in taken for q, s in zip(seqs, scored, strict=True)]
+
+
 def rank_scope(
     cos: Sequence[float] | Floats,
     dl: Sequence[float] | Floats,

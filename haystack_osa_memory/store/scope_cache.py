@@ -37,6 +37,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -44,7 +45,7 @@ import numpy.typing as npt
 import psycopg
 from psycopg import sql
 
-from haystack_osa_memory.store.ranking import PackedTerms, RankedFact, RankingParams, rank_scope
+from haystack_osa_memory.store.ranking import PackedTerms, RankedFact, RankingParams, context_kept, rank_scope
 
 #: Seconds after which a held scope is read again in full (changes of governing rows alone show then).
 FULL_READ_S = 30.0
@@ -77,21 +78,23 @@ SCOPE_CHECK = sql.SQL(
 # The admitted facts' recall rows past a seq, in storing order, with the check's figures and the count
 # and sum of every recall row past that seq (admitted or not), all from one snapshot: an append is valid
 # when the rows up to the seq are still those held (count and sum unchanged). The governing row is probed
-# per row by primary key, as in BIG_SCOPE_ROWS. Vectors travel in pgvector's binary form (``vector_send``:
-# a 2-byte dimension, 2 unused bytes, then big-endian float4s).
+# per row by primary key, as in BIG_SCOPE_ROWS; rows that only lend context come marked unscored. Vectors
+# travel in pgvector's binary form (``vector_send``: a 2-byte dimension, 2 unused bytes, then big-endian
+# float4s).
 SCOPE_ROWS_AFTER = sql.SQL(
     """WITH c AS MATERIALIZED ({check}),
 a AS MATERIALIZED (
     SELECT count(*) AS count, coalesce(sum(t.seq), 0)::numeric AS sum FROM {schema}.osa_fact_terms t
     WHERE t.org_id = %(org_id)s AND t.assignment_id = %(assignment_id)s AND t.seq > %(after)s
 )
-SELECT c.count, c.sum, c.max, a.count, a.sum, r.id, r.expires_at, r.seq, r.vec, r.dl, r.terms
+SELECT c.count, c.sum, c.max, a.count, a.sum, r.id, r.expires_at, r.seq, r.vec, r.dl, r.terms, r.scored
 FROM c, a LEFT JOIN LATERAL (
-    SELECT g.id, g.expires_at, t.seq, vector_send(t.embedding) AS vec, t.dl::float8 AS dl, t.terms
+    SELECT g.id, g.expires_at, t.seq, vector_send(t.embedding) AS vec, t.dl::float8 AS dl, t.terms, g.scored
     FROM {schema}.osa_fact_terms t,
-        LATERAL (SELECT g.id, g.metadata->>'expires_at' AS expires_at FROM {governing_row} g
+        LATERAL (SELECT g.id, g.metadata->>'expires_at' AS expires_at, g.status = ANY(%(statuses)s) AS scored
+                 FROM {governing_row} g
                  WHERE g.content_hash = t.content_hash AND g.audience = ANY(%(audiences)s)
-                   AND g.status = ANY(%(statuses)s) AND g.metadata->>'assignment_id' = %(assignment_id)s
+                   AND g.status = ANY(%(read_statuses)s) AND g.metadata->>'assignment_id' = %(assignment_id)s
                    AND {valid_at}) g
     WHERE t.org_id = %(org_id)s AND t.assignment_id = %(assignment_id)s AND t.seq > %(after)s
       AND t.language = %(language)s::text AND t.terms IS NOT NULL
@@ -184,6 +187,7 @@ class HeldScope:
         self._unit: npt.NDArray[np.float32] = np.zeros((0, dimension), dtype=np.float32)  # grows by doubling
         self.has_vec: npt.NDArray[np.bool_] = np.zeros(0, dtype=bool)
         self.dl: npt.NDArray[np.float64] = np.zeros(0, dtype=np.float64)
+        self.scored: npt.NDArray[np.bool_] = np.zeros(0, dtype=bool)  # False: lends context, never ranked
         self.terms = PackedTerms([])
         self.check = Check(0, 0, 0)
         self.read_at = time.monotonic()
@@ -194,7 +198,7 @@ class HeldScope:
     @property
     def nbytes(self) -> int:
         """Bytes of the numpy arrays held (the vectors' spare room included)."""
-        return self._unit.nbytes + self.has_vec.nbytes + self.dl.nbytes + self.terms.nbytes
+        return self._unit.nbytes + self.has_vec.nbytes + self.dl.nbytes + self.scored.nbytes + self.terms.nbytes
 
     @property
     def unit(self) -> npt.NDArray[np.float32]:
@@ -202,9 +206,11 @@ class HeldScope:
         return self._unit[: len(self)]
 
     def append(self, rows: Sequence[tuple[Any, ...]]) -> None:
-        """Rows of `SCOPE_ROWS_AFTER` (id, expires_at, seq, vector bytes, dl, terms), in storing order."""
+        """Rows of `SCOPE_ROWS_AFTER` (id, expires_at, seq, vector bytes, dl, terms, scored), in storing order."""
         if not rows:
             return
+        if not all(r[6] for r in rows):
+            rows = list(compress(rows, context_kept([r[2] for r in rows], [r[6] for r in rows])))
         n, m = len(self), len(rows)
         if n + m > self._unit.shape[0]:
             grown = np.zeros((max(2 * self._unit.shape[0], n + m, 64), self.dimension), dtype=np.float32)
@@ -225,6 +231,7 @@ class HeldScope:
         self.expires.extend(r[1] for r in rows)
         self.has_vec = np.concatenate([self.has_vec, has])
         self.dl = np.concatenate([self.dl, np.fromiter((float(r[4]) for r in rows), np.float64, m)])
+        self.scored = np.concatenate([self.scored, np.fromiter((bool(r[6]) for r in rows), bool, m)])
         self.terms = self.terms.extend(PackedTerms([r[5] for r in rows])).index()
 
     def drop(self, document_ids: set[str]) -> None:
@@ -234,7 +241,7 @@ class HeldScope:
         flags = keep.tolist()
         self.document_ids = [d for d, k in zip(self.document_ids, flags, strict=True) if k]
         self.expires = [e for e, k in zip(self.expires, flags, strict=True) if k]
-        self.has_vec, self.dl = self.has_vec[keep], self.dl[keep]
+        self.has_vec, self.dl, self.scored = self.has_vec[keep], self.dl[keep], self.scored[keep]
         self.terms = self.terms.take(keep).index()
 
     def rank(
@@ -256,7 +263,8 @@ class HeldScope:
             cos = np.where(self.has_vec, cos, np.nan)
         else:
             cos = np.full(n, np.nan)
-        return rank_scope(cos, self.dl, self.terms, query_terms, ranking, boost_terms=boost_terms)
+        scored = None if self.scored.all() else self.scored.tolist()
+        return rank_scope(cos, self.dl, self.terms, query_terms, ranking, scored=scored, boost_terms=boost_terms)
 
 
 class ScopeCache:

@@ -67,3 +67,21 @@ def test_rarer_lexemes_bring_candidates_within_the_budget(
     monkeypatch.setattr(facts_module, "LEXICAL_POSTINGS_MAX", 1)
     recall()
     assert given[-1] == [zanzibar]  # the rarest always brings its facts, even past the budget
+
+
+def test_a_lexical_query_of_common_words_only_still_finds_facts(
+    memory: Memory, alice: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a vector side, a query whose every word is common (held by more than `RARE_LEXEME_MAX_DF`
+    facts) takes its candidates from the rarest of them instead of finding nothing."""
+    ids = [memory.store(f"Crate {i} holds part P-{i}.", caller=alice)["document_id"] for i in range(FACTS)]
+    memory.warm_up()
+    assert memory.kb is not None
+    repo = memory.kb.facts
+    repo.exact_scope_max = 0  # this scope takes the big-scope path
+    repo.scope_cache = None  # (not the scope held in memory)
+    repo._sizes.clear()
+    monkeypatch.setattr(facts_module, "RARE_LEXEME_MAX_DF", 5)  # "crate" and "holds": sixty facts each
+    found = [f["document_id"] for f in memory.recall("crate holds", limit=5, caller=alice)["facts"]]
+    assert len(found) == 5
+    assert set(found) <= set(ids)

@@ -362,13 +362,21 @@ def test_rls_holds_when_our_scope_condition_is_broken(team_db: tuple[Roles, Memo
         statement = repo.scope_rows_statement.as_string(conn)
     scope_where = (
         "WHERE g.org_id = %(org_id)s\n      AND g.audience = ANY(%(audiences)s)\n"
-        "      AND g.status = ANY(%(statuses)s)\n      AND g.metadata->>'assignment_id' = %(assignment_id)s"
+        "      AND g.status = ANY(%(read_statuses)s)\n      AND g.metadata->>'assignment_id' = %(assignment_id)s"
     )
     recall_row_org = "AND t.org_id = %(org_id)s"
     assert scope_where in statement
     assert recall_row_org in statement
     broken = statement.replace(scope_where, "WHERE true").replace(recall_row_org, "")
-    params = {"language": "english", "embedding": None, "lexemes": ["ledger"], "valid_at": "now", "history": False}
+    params = {
+        "language": "english",
+        "embedding": None,
+        "lexemes": ["ledger"],
+        "valid_at": "now",
+        "history": False,
+        "statuses": ["approved"],
+        "read_statuses": ["approved"],
+    }
 
     def ids(uri: str, caller: Caller | None) -> set[str]:
         close_pools()

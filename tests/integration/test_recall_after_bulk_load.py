@@ -18,7 +18,7 @@ from haystack import Document
 from psycopg import sql
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
-from haystack_osa_memory.store.facts import FACT_AUDIENCE
+from haystack_osa_memory.store.facts import CONTEXT_STATUSES, FACT_AUDIENCE
 from haystack_osa_memory.transfer import ImportItem
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -68,6 +68,7 @@ def scope_params(config: MemoryConfig, caller: Caller) -> dict[str, Any]:
         "assignment_id": caller.assignment_id,
         "audiences": [FACT_AUDIENCE],
         "statuses": list(config.admitted_statuses),
+        "read_statuses": [*config.admitted_statuses, *CONTEXT_STATUSES],
         "valid_at": "now",
         "history": False,
         "language": config.language,

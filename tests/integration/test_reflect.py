@@ -394,3 +394,34 @@ def test_the_observation_keeps_its_evidence_place_among_its_neighbours(memory: M
     after = covered(memory, "old harbour", alice)
     assert before <= after
     assert obs in {f["document_id"] for f in memory.recall("old harbour", caller=alice)["facts"]}
+
+
+def test_consolidated_facts_still_lend_context_to_their_neighbours(memory: Memory, alice: Caller) -> None:
+    """A fact reflect consolidated is never returned, but its words still reach the facts stored beside it
+    (the context window), as before reflect: "talked for hours" after the apple fact answers an apple
+    question better than a shorter fact with the same words stored far from it. (The observation takes the
+    place of the earliest apple fact; the neighbour here is the later one's.)"""
+    filler = [f"Parking garage level {n} closes at {n + 6} pm" for n in range(12)]
+    apple = memory.store("Apple picking at the orchard on Saturday", caller=alice)["document_id"]
+    for text in filler[:6]:
+        memory.store(text, caller=alice)
+    control = memory.store("Ben talked for hours", caller=alice)["document_id"]
+    for text in filler[6:]:
+        memory.store(text, caller=alice)
+    repeat = memory.store("apple picking at the orchard on Saturday.", caller=alice)["document_id"]
+    neighbour = memory.store(
+        "Afterwards we all sat together on the old porch swing and talked for hours about nothing much in particular",
+        caller=alice,
+    )["document_id"]
+    query = "apple talked hours"
+
+    def order() -> list[str]:
+        return [f["document_id"] for f in memory.recall(query, limit=20, caller=alice)["facts"]]
+
+    before = order()
+    assert before.index(neighbour) < before.index(control)
+    report = memory.reflect(caller=alice)
+    assert report["facts_consolidated"] == 2
+    after = order()
+    assert not {apple, repeat} & set(after)  # read for context, never returned
+    assert after.index(neighbour) < after.index(control)

@@ -50,6 +50,7 @@ from haystack_osa_memory import Caller, Memory, MemoryConfig
 from haystack_osa_memory.markers import add_marker, content_hash
 from haystack_osa_memory.store.database import get_pool
 from haystack_osa_memory.store.facts import (
+    CONTEXT_STATUSES,
     FACT_AUDIENCE,
     FACT_SOURCE,
     FactRepository,
@@ -434,6 +435,7 @@ def test_repeated_query_on_one_pooled_connection_does_not_degrade(kb: ScaledKb) 
         "assignment_id": TARGET.assignment_id,
         "audiences": [FACT_AUDIENCE],
         "statuses": list(kb.config.admitted_statuses),
+        "read_statuses": [*kb.config.admitted_statuses, *CONTEXT_STATUSES],
         "language": "english",
         "query": t.crowded_query,
         "embedding": vector_literal(t.query_vector.tolist()),
@@ -457,7 +459,7 @@ def test_repeated_query_on_one_pooled_connection_does_not_degrade(kb: ScaledKb) 
     ids = [row[0] for row in runs[0]]
     assert len(ids) == len(set(ids)) == len(kb.targets)  # the scope's rows, each once
     _assert_in_scope(kb, ids)
-    _, _, _, cos, dl, terms = zip(*runs[0], strict=True)
+    _, _, _, cos, dl, terms, _ = zip(*runs[0], strict=True)
     hits = rank_scope(cos, dl, terms, kb.repo.query_terms(t.crowded_query).hashes, RankingParams(k=K))
     assert t.document_id in [ids[h.row] for h in sorted(hits, key=lambda h: -h.fused)[:K]]
 

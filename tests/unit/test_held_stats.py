@@ -14,12 +14,12 @@ DIM = 3
 
 
 class Cursor:
-    """Answers `SCOPE_ROWS_AFTER` with fixed rows (check figures, then id, expires, seq, vector, dl, terms)."""
+    """Answers `SCOPE_ROWS_AFTER` with fixed rows (check figures, then id, expires, seq, vector, dl, terms, scored)."""
 
     def __init__(self, n: int) -> None:
         vec = b"\x00\x03\x00\x00" + np.array([1, 0, 0], ">f4").tobytes()
         s = n * (n + 1) // 2
-        self.rows = [(n, s, n, n, s, f"d{i}", None, i + 1, vec, 1.0, None) for i in range(n)]
+        self.rows = [(n, s, n, n, s, f"d{i}", None, i + 1, vec, 1.0, None, True) for i in range(n)]
 
     def execute(self, *args: Any) -> Cursor:
         return self
@@ -67,3 +67,24 @@ def test_a_scope_over_the_budget_is_not_counted() -> None:
         assert held is None
     assert scope_cache.held_stats().facts == before.facts
     assert cache.entries() == []
+
+
+def test_rows_that_only_lend_context_are_never_ranked() -> None:
+    """A held row marked unscored (a consolidated fact) is not returned but still counts in its neighbours'
+    context window; an unscored row whose place a scored one took (same seq) is not held at all."""
+    from haystack_osa_memory.store.ranking import RankingParams
+
+    vec = b"\x00\x03\x00\x00" + np.array([1, 0, 0], ">f4").tobytes()
+    entry = scope_cache.HeldScope(DIM)
+    entry.append(
+        [
+            ("a", None, 1, vec, 1.0, None, True),
+            ("b", None, 2, vec, 1.0, None, False),  # lends context
+            ("c", None, 3, vec, 1.0, None, True),
+            ("o", None, 4, vec, 1.0, None, True),  # an observation standing where "d" was
+            ("d", None, 4, vec, 1.0, None, False),
+        ]
+    )
+    assert entry.document_ids == ["a", "b", "c", "o"]
+    ranked = entry.rank(np.array([1, 0, 0], np.float32), [], RankingParams(k=10))
+    assert [entry.document_ids[r.row] for r in ranked] == ["a", "c", "o"]

@@ -61,7 +61,7 @@ WORKER = textwrap.dedent(
 
         def fetchall(self):
             vec = b"\\x00\\x03\\x00\\x00" + np.array([1, 0, 0], ">f4").tobytes()
-            return [(2, 3, 2, 2, 3, f"d{i}", None, i + 1, vec, 1.0, None) for i in range(2)]
+            return [(2, 3, 2, 2, 3, f"d{i}", None, i + 1, vec, 1.0, None, True) for i in range(2)]
 
     cache = scope_cache.ScopeCache(100, 3)
     statements = scope_cache.Statements(check=None, rows_after=None)
