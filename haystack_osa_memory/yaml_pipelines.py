@@ -40,7 +40,6 @@ from haystack_osa_memory.components.supersession_judge import SupersessionJudge
 from haystack_osa_memory.config import ENVIRONMENT, MemoryConfig
 from haystack_osa_memory.embedders import build_embedders, minilm_installed
 from haystack_osa_memory.errors import ConfigurationError
-from haystack_osa_memory.privacy.redaction import CLASSES as REDACTION_CLASSES
 from haystack_osa_memory.store.memory_store import CONNECTION_ENV, STORE_FIELDS, MemoryStore
 
 #: Where the definitions live, relative to the pipelines folder (beside the tools that run them).
@@ -153,7 +152,7 @@ def _setting(field: str) -> str:
 BOUND: dict[str, dict[str, Bound]] = {
     "PrivacyRedactor": {
         "enabled_classes": Bound(
-            lambda c: [k for k in REDACTION_CLASSES if k not in c.redaction_off],
+            lambda c: c.enabled_redaction_classes,
             "OSA_MEMORY_REDACTION_OFF (the classes left unredacted)",
             unordered=True,
         ),

