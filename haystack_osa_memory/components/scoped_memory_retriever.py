@@ -8,9 +8,10 @@ import numpy as np
 import numpy.typing as npt
 from haystack import Document, component, default_from_dict, default_to_dict
 
+from haystack_osa_memory.components.fact_document import FactDocument
 from haystack_osa_memory.markers import check_identifier, strip_marker
 from haystack_osa_memory.store.database import fact_scope
-from haystack_osa_memory.store.facts import FACT_AUDIENCE, Candidate, FactRepository, QueryTerms, ScopeHit, ValidAt
+from haystack_osa_memory.store.facts import Candidate, FactRepository, QueryTerms, ScopeHit, ScopeQuery, ValidAt
 from haystack_osa_memory.store.memory_store import MemoryStore
 from haystack_osa_memory.store.ranking import RankingParams
 from haystack_osa_memory.supersession import Weights, fact_words, similarity, subject_words, value_changed
@@ -324,13 +325,14 @@ class ScopedMemoryRetriever:
         assert self._repo is not None
         hybrid = query_embedding is not None
         about_time = hybrid and self.fusion == "convex" and self.time_boost > 0 and bool(TIME_QUESTION.search(query))
+        scope = ScopeQuery(
+            org_id, assignment_id, statuses=tuple(statuses), valid_at=valid_at, history=include_superseded
+        )
         with fact_scope(org_id, assignment_id), self._repo.reading() as conn:
             if about_time and self._time_terms is None:
                 self._time_terms = self._repo.query_terms(TIME_WORDS, conn=conn)
             hits = self._repo.scope_hits(
-                org_id=org_id,
-                assignment_id=assignment_id,
-                audiences=(FACT_AUDIENCE,),
+                scope,
                 query=query,
                 embedding=query_embedding,
                 ranking=RankingParams(
@@ -344,9 +346,6 @@ class ScopedMemoryRetriever:
                     time_boost=self.time_boost if about_time else 0.0,
                 ),
                 boost=self._time_terms if about_time else None,
-                statuses=statuses,
-                valid_at=valid_at,
-                history=include_superseded,
                 conn=conn,
             )
             now = datetime.now(UTC).isoformat()
@@ -357,16 +356,7 @@ class ScopedMemoryRetriever:
             pool = fused[: k + CONFLICT_POOL] if self.resolve_conflicts else fused[:k]
             scores = {hit.document_id: score for hit, score in pool}
             # Text and metadata only for these facts (the scope is checked again while fetching them).
-            top = self._repo.candidates(
-                [hit for hit, _ in pool],
-                org_id=org_id,
-                assignment_id=assignment_id,
-                audiences=(FACT_AUDIENCE,),
-                statuses=statuses,
-                valid_at=valid_at,
-                history=include_superseded,
-                conn=conn,
-            )
+            top = self._repo.candidates([hit for hit, _ in pool], scope, conn=conn)
         period = period_of(query, at or datetime.now(UTC)) if self.period_boost > 0 else None
         if period is not None:
             # "What did we decide last week?": facts whose validity began then come first among close matches.
@@ -398,6 +388,6 @@ class ScopedMemoryRetriever:
             if conflicts.get(cand.document_id):
                 meta["conflicts_with"] = conflicts[cand.document_id]
             documents.append(
-                Document(id=cand.document_id, content=cand.content, meta=meta, score=scores[cand.document_id])
+                FactDocument(id=cand.document_id, content=cand.content, meta=meta, score=scores[cand.document_id])
             )
         return {"documents": documents, "mode": "hybrid" if hybrid else "lexical"}

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from haystack_osa_memory import Caller, Memory
-from haystack_osa_memory.store import facts as facts_module
+from haystack_osa_memory.store import big_scope
 from haystack_osa_memory.store.facts import term_key
 
 pytestmark = pytest.mark.integration
@@ -53,18 +53,18 @@ def test_rarer_lexemes_bring_candidates_within_the_budget(
     def recall() -> list[str]:
         return [f["document_id"] for f in memory.recall("mango from zanzibar", limit=5, caller=alice)["facts"]]
 
-    monkeypatch.setattr(facts_module, "LEXICAL_POSTINGS_MAX", 10**9)
+    monkeypatch.setattr(big_scope, "LEXICAL_POSTINGS_MAX", 10**9)
     everything = recall()
     assert sorted(given[-1]) == sorted([zanzibar, mango])  # 2 + 20 holders: both bring candidates
 
-    monkeypatch.setattr(facts_module, "LEXICAL_POSTINGS_MAX", 10)
+    monkeypatch.setattr(big_scope, "LEXICAL_POSTINGS_MAX", 10)
     budgeted = recall()
     assert given[-1] == [zanzibar]  # 22 holders would pass 10: only the rarest
     # The two facts from zanzibar come first either way: fewer candidates, the same best answers.
     zanzibar_ids = {ids[i] for i in ZANZIBAR}
     assert set(everything[:2]) == set(budgeted[:2]) == zanzibar_ids
 
-    monkeypatch.setattr(facts_module, "LEXICAL_POSTINGS_MAX", 1)
+    monkeypatch.setattr(big_scope, "LEXICAL_POSTINGS_MAX", 1)
     recall()
     assert given[-1] == [zanzibar]  # the rarest always brings its facts, even past the budget
 
@@ -81,7 +81,7 @@ def test_a_lexical_query_of_common_words_only_still_finds_facts(
     repo.exact_scope_max = 0  # this scope takes the big-scope path
     repo.scope_cache = None  # (not the scope held in memory)
     repo._sizes.clear()
-    monkeypatch.setattr(facts_module, "RARE_LEXEME_MAX_DF", 5)  # "crate" and "holds": sixty facts each
+    monkeypatch.setattr(big_scope, "RARE_LEXEME_MAX_DF", 5)  # "crate" and "holds": sixty facts each
     found = [f["document_id"] for f in memory.recall("crate holds", limit=5, caller=alice)["facts"]]
     assert len(found) == 5
     assert set(found) <= set(ids)

@@ -41,7 +41,7 @@ from psycopg.types.json import Jsonb
 from haystack_osa_memory import Caller, Memory, MemoryConfig
 from haystack_osa_memory.errors import AuthenticationError, MemoryOffError, SupersessionError
 from haystack_osa_memory.reflect import repair_observations
-from haystack_osa_memory.store import facts as facts_module
+from haystack_osa_memory.store import big_scope
 from haystack_osa_memory.store.database import close_pools
 from haystack_osa_memory.store.facts import count_facts
 from haystack_osa_memory.store.lifecycle import Scope
@@ -629,11 +629,11 @@ def run_operations(cfg: MemoryConfig, orgs: tuple[str, str]) -> None:
         held.store("The staging VPN profile rotates every quarter.", caller=me)
         assert held.recall("staging VPN", caller=me)["facts"]  # the new fact appended
         # A lexeme held by more than a few facts is "common": its count is read from PostgreSQL's statistics.
-        rare_max, facts_module.RARE_LEXEME_MAX_DF = facts_module.RARE_LEXEME_MAX_DF, 0
+        rare_max, big_scope.RARE_LEXEME_MAX_DF = big_scope.RARE_LEXEME_MAX_DF, 0
         try:
             assert big.recall("how do we deploy to staging?", caller=me)["facts"]
         finally:
-            facts_module.RARE_LEXEME_MAX_DF = rare_max
+            big_scope.RARE_LEXEME_MAX_DF = rare_max
         lexical.list_facts(caller=me)
         lexical.list_facts(topic="ops", caller=me)
         lexical.read(ids[1], caller=me)

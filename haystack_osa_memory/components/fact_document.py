@@ -1,0 +1,58 @@
+"""`FactDocument`: the Document recall returns, cheap for Haystack's pipeline to deep-copy.
+
+Usage:
+```python
+from haystack import Document
+from haystack_osa_memory.components.fact_document import FactDocument
+
+doc = FactDocument(id="d1", content="Staging deploys need the VPN", meta={"topic": "deploy"})
+assert doc == Document(id="d1", content="Staging deploys need the VPN", meta={"topic": "deploy"})
+```
+"""
+
+from __future__ import annotations
+
+import copy
+from datetime import date, datetime
+from typing import Any
+
+from haystack import Document
+
+#: Values a fact's metadata holds that need no copy (immutable).
+_IMMUTABLE = (str, int, float, bool, type(None), bytes, datetime, date)
+
+
+def _copy_meta(value: Any, memo: dict[int, Any]) -> Any:
+    if isinstance(value, _IMMUTABLE):
+        return value
+    if type(value) is dict:
+        return {k: _copy_meta(v, memo) for k, v in value.items()}
+    if type(value) is list:
+        return [_copy_meta(v, memo) for v in value]
+    return copy.deepcopy(value, memo)
+
+
+class FactDocument(Document):
+    """A `Document` equal to a plain `Document` with the same fields, and cheap to deep-copy.
+
+    Haystack's `Pipeline.run` deep-copies every input of every component; a Document's generic deep copy
+    walks its metadata through `copy.deepcopy`, which cost more than ranking the scope's facts. This copy is
+    as deep (text and numbers are immutable; dicts and lists are copied), only direct.
+    """
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FactDocument:
+        new = object.__new__(type(self))
+        state = dict(self.__dict__)
+        state["meta"] = _copy_meta(self.meta, memo)
+        if self.embedding is not None:
+            state["embedding"] = list(self.embedding)
+        if self.blob is not None or self.sparse_embedding is not None:
+            state["blob"] = copy.deepcopy(self.blob, memo)
+            state["sparse_embedding"] = copy.deepcopy(self.sparse_embedding, memo)
+        new.__dict__.update(state)  # not through setattr: Document warns about mutation there
+        return new
+
+    def __eq__(self, other: object) -> bool:
+        # Compared with a plain Document too: Document's own comparison requires the same type, and Python
+        # asks this subclass's first, whichever side it is on.
+        return isinstance(other, Document) and self.to_dict(flatten=False) == other.to_dict(flatten=False)
