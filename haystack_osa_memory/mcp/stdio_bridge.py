@@ -41,11 +41,12 @@ import argparse
 import hashlib
 import json
 import logging
-import os
+import math
 import re
 import sys
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -169,11 +170,9 @@ def token_fingerprint(token: str) -> str:
 
 def default_buffer_path() -> Path:
     """``$OSA_MEMORY_DATA_DIR/bridge-buffer.jsonl``, else ``~/.local/share/osa-memory/bridge-buffer.jsonl``."""
-    data_dir = os.environ.get("OSA_MEMORY_DATA_DIR")
-    if data_dir:
-        return Path(data_dir).expanduser() / BUFFER_NAME
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "osa-memory" / BUFFER_NAME
+    from haystack_osa_memory.settings import load_config
+
+    return load_config(only=("data_dir",)).data_dir.expanduser() / BUFFER_NAME
 
 
 def _str_or_none(value: Any) -> str | None:
@@ -714,7 +713,34 @@ class _RedactToken(logging.Filter):
         return True
 
 
+@dataclass(frozen=True)
+class BridgeOptions:
+    """The bridge's settings, as its command line (`parse_options`) gives them."""
+
+    url: str
+    buffer: Path | None
+    connect_timeout: float
+    call_timeout: float
+    retry_interval: float
+    log_level: str
+
+
+def _seconds(low: float, high: float) -> Callable[[str], float]:
+    def convert(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is not in the range {low:g} to {high:g} seconds")
+        return value
+
+    return convert
+
+
 def _parser() -> argparse.ArgumentParser:
+    """The one definition of the bridge's options and their defaults (`osa-memory mcp-stdio` hands its
+    arguments here untouched)."""
     parser = argparse.ArgumentParser(
         prog="osa-memory mcp-stdio",
         description=(
@@ -726,26 +752,44 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--buffer", type=Path, default=None, help=f"Local buffer file (default: {default_buffer_path()})."
     )
-    parser.add_argument("--connect-timeout", type=float, default=5.0, help="Seconds to reach the server (5).")
-    parser.add_argument("--call-timeout", type=float, default=60.0, help="Seconds to wait for a tool's answer (60).")
+    parser.add_argument(
+        "--connect-timeout", type=_seconds(0.1, 300), default=5.0, help="Seconds to reach the server (%(default)g)."
+    )
+    parser.add_argument(
+        "--call-timeout",
+        type=_seconds(1, 3600),
+        default=60.0,
+        help="Seconds to wait for a tool's answer (%(default)g).",
+    )
     parser.add_argument(
         "--retry-interval",
-        type=float,
+        type=_seconds(0, math.inf),
         default=30.0,
-        help="Seconds between reconnection attempts while items wait (30; 0: off).",
+        help="Seconds between reconnection attempts while items wait (%(default)g; 0: off).",
     )
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="Log level (stderr; %(default)s).",
+    )
     return parser
+
+
+def parse_options(argv: list[str] | None = None) -> BridgeOptions:
+    """The bridge's command line as `BridgeOptions`; a usage error exits with status 2."""
+    return BridgeOptions(**vars(_parser().parse_args(argv)))
 
 
 def _usage_error(message: str) -> None:
     sys.stderr.write(f"error: {message}\n")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `osa-memory mcp-stdio` (and `python -m haystack_osa_memory.mcp.stdio_bridge`)."""
-    args = _parser().parse_args(argv)
-    token = os.environ.get(TOKEN_ENV, "").strip()
+def serve_stdio(options: BridgeOptions) -> int:
+    """Run the bridge until the client closes stdin; the exit status (2: the token or the URL is unusable)."""
+    from haystack_osa_memory.settings import load_config
+
+    token = load_config(only=("token",)).token or ""
     if not token:
         _usage_error(
             f"{TOKEN_ENV} is not set: export the token printed by `osa-memory token create` "
@@ -758,12 +802,12 @@ def main(argv: list[str] | None = None) -> int:
             f"set {TOKEN_ENV} in the environment the client is started from"
         )
         return 2
-    parts = urlsplit(args.url)
+    parts = urlsplit(options.url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        _usage_error(f"--url must be an http(s) URL such as http://127.0.0.1:1417/mcp, not {args.url!r}")
+        _usage_error(f"--url must be an http(s) URL such as http://127.0.0.1:1417/mcp, not {options.url!r}")
         return 2
     for name in ("connect_timeout", "call_timeout"):
-        if getattr(args, name) <= 0:
+        if getattr(options, name) <= 0:
             _usage_error(f"--{name.replace('_', '-')} must be positive")
             return 2
     handler = logging.StreamHandler(sys.stderr)
@@ -772,23 +816,28 @@ def main(argv: list[str] | None = None) -> int:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.WARNING)
-    logging.getLogger("haystack_osa_memory").setLevel(args.log_level.upper())
-    buffer_path = (args.buffer or default_buffer_path()).expanduser()
+    logging.getLogger("haystack_osa_memory").setLevel(options.log_level.upper())
+    buffer_path = (options.buffer or default_buffer_path()).expanduser()
     try:
         anyio.run(
             partial(
                 run_bridge,
-                args.url,
+                options.url,
                 token,
                 buffer_path,
-                connect_timeout=args.connect_timeout,
-                call_timeout=args.call_timeout,
-                retry_interval=max(0.0, args.retry_interval),
+                connect_timeout=options.connect_timeout,
+                call_timeout=options.call_timeout,
+                retry_interval=max(0.0, options.retry_interval),
             )
         )
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `osa-memory mcp-stdio` (and `python -m haystack_osa_memory.mcp.stdio_bridge`)."""
+    return serve_stdio(parse_options(argv))
 
 
 if __name__ == "__main__":

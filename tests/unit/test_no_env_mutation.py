@@ -13,6 +13,7 @@ PACKAGE = REPO / "haystack_osa_memory"
 #: processes; `scratch_database` is the throwaway database of tests and benchmarks, documented to export it.
 MAY_WRITE = {
     "cli/main.py": "the `osa-memory` process",
+    "cli/serve.py": "the `serve` process, for the tools it loads and its worker processes",
     "mcp/metrics.py": "the `serve` process's metrics folder",
     "store/database.py": "scratch_database and resolve_connection_string(export=True), for the command line",
 }
