@@ -26,7 +26,6 @@ from haystack_osa_memory.components import (
     ScopeMarkerWriter,
 )
 from haystack_osa_memory.config import MemoryConfig
-from haystack_osa_memory.privacy.redaction import CLASSES as REDACTION_CLASSES
 from haystack_osa_memory.store.facts import FACT_AUDIENCE
 from haystack_osa_memory.store.memory_store import MemoryStore
 
@@ -61,7 +60,7 @@ def build_store_pipeline(
     """
     cfg = config or MemoryConfig()
     components: dict[str, Any] = {
-        "redact": PrivacyRedactor(enabled_classes=[c for c in REDACTION_CLASSES if c not in cfg.redaction_off]),
+        "redact": PrivacyRedactor(enabled_classes=cfg.enabled_redaction_classes),
         "mark": ScopeMarkerWriter(dataset=cfg.dataset, status=cfg.admitted_statuses[0]),
         "write": GovernedFactWriter(store=_store(cfg, connection_string, store)),
     }
@@ -119,26 +118,20 @@ def build_customer_search_pipeline(
 ) -> Pipeline:
     """Customer-facing search: pgvector-haystack keyword retriever -> GoverningRowAclFilter(customer).
 
-    Run it with ``{"retriever": {"query": ...}, "acl": {"org_id": ...}}``. Facts (audience
-    `ai_internal`) and chunks without a governing row never pass the filter.
+    Run it with ``{"retriever": {"query": ..., "top_k": ...}, "acl": {"org_id": ...}}`` (``top_k`` is
+    optional there: the one given here by default). Facts (audience `ai_internal`) and chunks without a
+    governing row never pass the filter. The retriever's document store searches on the knowledge base's
+    pooled connections (`PooledPgvectorDocumentStore`), so one pipeline serves every call and thread.
     """
     from haystack_integrations.components.retrievers.pgvector import PgvectorKeywordRetriever
-    from haystack_integrations.document_stores.pgvector import PgvectorDocumentStore
+
+    from haystack_osa_memory.store.pooled_documents import PooledPgvectorDocumentStore
 
     cfg = config or MemoryConfig()
     kb = _store(cfg, connection_string, store)
-    documents = PgvectorDocumentStore(
-        connection_string=kb.connection_string,
-        schema_name=cfg.kb_schema,
-        table_name=cfg.chunk_table,
-        embedding_dimension=cfg.embedding_dimension,
-        language=cfg.language,
-        keyword_index_name=f"{cfg.chunk_table}_keyword_index",
-        hnsw_index_name=f"{cfg.chunk_table}_hnsw_index",
-    )
     return _assemble(
         {
-            "retriever": PgvectorKeywordRetriever(document_store=documents, top_k=top_k),
+            "retriever": PgvectorKeywordRetriever(document_store=PooledPgvectorDocumentStore(store=kb), top_k=top_k),
             "acl": GoverningRowAclFilter(audiences=["customer"], store=kb),
         },
         [("retriever.documents", "acl.documents")],

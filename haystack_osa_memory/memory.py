@@ -22,7 +22,6 @@ from haystack_osa_memory.errors import DatabaseError, InvalidInputError, MemoryO
 from haystack_osa_memory.markers import marked_fact
 from haystack_osa_memory.offline import OfflineBuffer
 from haystack_osa_memory.privacy.gate import redact_field, secret_classes
-from haystack_osa_memory.privacy.redaction import CLASSES as REDACTION_CLASSES
 from haystack_osa_memory.privacy.redaction import redact
 from haystack_osa_memory.reflect import ReflectReport, ReflectSettings, consolidate_scope
 from haystack_osa_memory.store.database import classify, fact_scope, resolve_connection_string
@@ -36,7 +35,19 @@ from haystack_osa_memory.store.lifecycle import (
 )
 from haystack_osa_memory.store.memory_store import MemoryStore
 from haystack_osa_memory.store.schema import InitReport, SchemaState, ensure_schema, prepare_schema
-from haystack_osa_memory.supersession import Weights, fact_words, similarity, value_changed
+
+# Re-exported: `memory` defined them before `supersession_suggestions` did.
+from haystack_osa_memory.supersession_suggestions import SUGGESTION_COSINE_MIN as SUGGESTION_COSINE_MIN
+from haystack_osa_memory.supersession_suggestions import SUGGESTION_SHARED_SHARE as SUGGESTION_SHARED_SHARE
+from haystack_osa_memory.supersession_suggestions import SUGGESTION_SIMILARITY_MIN as SUGGESTION_SIMILARITY_MIN
+from haystack_osa_memory.supersession_suggestions import SUGGESTIONS_MAX as SUGGESTIONS_MAX
+from haystack_osa_memory.supersession_suggestions import SUGGESTIONS_SEARCHED as SUGGESTIONS_SEARCHED
+from haystack_osa_memory.supersession_suggestions import (
+    as_judge,
+    judge_predecessors,
+    possible_predecessors,
+    warm_up_judge,
+)
 from haystack_osa_memory.tools import HELD_STATUSES, SUPERSEDES_MAX, RecallArguments, StoreArguments
 from haystack_osa_memory.transfer import ImportItem, ImportReport, import_facts
 from haystack_osa_memory.validation import (
@@ -66,18 +77,6 @@ from haystack_osa_memory.validation import (
 from haystack_osa_memory.yaml_pipelines import EMBED, JUDGE, PipelineDefinitions, judge_of, load_pipeline
 
 logger = logging.getLogger(__name__)
-
-#: The scope's best matches for a stored fact that are tested as facts it may replace, and how many are offered.
-SUGGESTIONS_SEARCHED = 15
-SUGGESTIONS_MAX = 8
-#: Content-word overlap for a suggestion: lower than recall's (`supersession.SIMILARITY_MIN`), because the
-#: agent confirms what is suggested, and a missed predecessor keeps answering as if it still held.
-SUGGESTION_SIMILARITY_MIN = 0.15
-#: ... or cosine similarity of the two facts' vectors.
-SUGGESTION_COSINE_MIN = 0.5
-#: ... and the two share a word that names the subject: one weighing at least this share of the new fact's
-#: heaviest word among the matches. Two subjects written with one template share only its light words.
-SUGGESTION_SHARED_SHARE = 0.5
 
 
 def _unwrap(error: PipelineRuntimeError) -> BaseException:
@@ -170,9 +169,7 @@ class Memory:
         """
         self.config = config or MemoryConfig.from_env()
         self.definitions = definitions
-        self.judge: SupersessionJudge | None = (
-            judge if judge is None or isinstance(judge, SupersessionJudge) else SupersessionJudge(chat_generator=judge)
-        )
+        self.judge: SupersessionJudge | None = as_judge(judge)
         self._judge_given = self.judge
         if definitions is not None:
             if document_embedder is not None or text_embedder is not None:
@@ -192,6 +189,7 @@ class Memory:
         self.schema: SchemaState | None = None
         self.store_pipeline: Pipeline | None = None
         self.recall_pipeline: Pipeline | None = None
+        self.customer_search_pipeline: Pipeline | None = None
         self.lifecycle: LifecycleRepository | None = None
         #: The knowledge base, once warmed up: the one object that owns the connection and the SQL.
         self.kb: MemoryStore | None = None
@@ -231,11 +229,7 @@ class Memory:
                 recall = build_recall_pipeline(self.config, self.text_embedder, store=self.kb)
             store.warm_up()
             recall.warm_up()
-            if self.judge is not None:
-                try:
-                    self.judge.warm_up()
-                except Exception as e:  # stores still work; the judge answers `degraded` and suggests instead
-                    logger.warning("the supersession judge could not be warmed up: %s", type(e).__name__)
+            warm_up_judge(self.judge)
             self.lifecycle = self.kb.lifecycle
             self.store_pipeline, self.recall_pipeline = store, recall
 
@@ -387,23 +381,18 @@ class Memory:
             logger.warning("store %s: the search for the facts it may replace failed: %s", doc_id, type(e).__name__)
             return answer
         if self.judge is not None and possible:
-            try:
-                # It sees what was stored (redacted), never the caller's raw text: it may be a remote LLM.
-                verdict = self.judge.run(fact=self._redact_short(text)[0] or text, candidates=possible)
-                confirmed = list(verdict["superseded"])
-                if confirmed:
-                    meta["supersedes"] = confirmed
-                    self._write([Document(content=text, meta=meta)], caller, action="store-judged")
-                    answer["superseded"] = [*replaced, *confirmed]
-                if verdict["degraded"]:
-                    logger.warning("store %s: %s; its suggestions are returned", doc_id, verdict["degraded"])
-                possible = [p for p in possible if p["document_id"] in set(verdict["undecided"])]
-            except Exception as e:  # the supersession itself failed: the suggestions are returned instead
-                logger.warning(
-                    "store %s: the judge's supersession failed (%s); its suggestions are returned",
-                    doc_id,
-                    type(e).__name__,
-                )
+            # It sees what was stored (redacted), never the caller's raw text: it may be a remote LLM.
+            confirmed, possible = judge_predecessors(
+                self.judge,
+                self._redact_short(text)[0] or text,
+                possible,
+                lambda ids: self._write(
+                    [Document(content=text, meta={**meta, "supersedes": ids})], caller, action="store-judged"
+                ),
+                document_id=doc_id,
+            )
+            if confirmed:
+                answer["superseded"] = [*replaced, *confirmed]
         answer["possibly_supersedes"] = possible
         return answer
 
@@ -429,47 +418,16 @@ class Memory:
     def _possible_predecessors(
         self, text: str, document_id: str, named: set[str], caller: Caller, embedding: Any | None
     ) -> list[dict[str, str]]:
-        """Facts of the caller's scope that ``text`` probably restates with another value: the scope's best
-        matches for it (the recall components, with the vector the store just computed: no second
-        embedding): those with a changed value whose words overlap or whose vectors are close, and that share
-        a word naming the subject with it (not only a template's words)."""
+        """Facts of the caller's scope that ``text`` probably restates with another value
+        (`supersession_suggestions.possible_predecessors`)."""
         assert self.recall_pipeline is not None
-        scope = {"org_id": caller.org_id, "assignment_id": caller.assignment_id}
-        retrieved = self.recall_pipeline.get_component("retrieve").run(
-            query=text, query_embedding=embedding, top_k=SUGGESTIONS_SEARCHED, **scope
-        )["documents"]
-        admitted = self.recall_pipeline.get_component("acl").run(documents=retrieved, **scope)["documents"]
-        found = [
-            {"document_id": d.meta["document_id"], "content": d.content or ""}
-            for d in self.recall_pipeline.get_component("strip").run(documents=admitted)["documents"]
-        ]
-        found = [f for f in found if f["document_id"] != document_id and f["document_id"] not in named]
-        weights = Weights([text, *(f["content"] for f in found)])
-        new = fact_words(text)
-        # A probable succession (`supersession.probable_succession`): a changed value, then words or vectors.
-        changed = [(f, words) for f in found if value_changed(words := fact_words(f["content"]), new)]
-        close: dict[str, float] = {}
-        if embedding is not None and changed and self.kb is not None:
-            # The same statement in other words: the vectors tell what the words do not.
-            with fact_scope(caller.org_id, caller.assignment_id):
-                ids = [f["document_id"] for f, _ in changed]
-                close = self.kb.facts.cosines_to(document_id, ids, caller.org_id)
-        top = max((weights(t) for t in new.tokens), default=0.0)
-        return [
-            f
-            for f, words in changed
-            if (
-                close.get(f["document_id"], 0.0) >= SUGGESTION_COSINE_MIN
-                or similarity(words, new, weights) >= SUGGESTION_SIMILARITY_MIN
-            )
-            and max((weights(t) for t in words.tokens & new.tokens), default=0.0) >= SUGGESTION_SHARED_SHARE * top
-        ][:SUGGESTIONS_MAX]
+        return possible_predecessors(self.recall_pipeline, self.kb, text, document_id, named, caller, embedding)
 
     def _redact_short(self, text: str | None) -> tuple[str | None, int]:
         """Redact a short field (topic) with the configured classes."""
         if text is None:
             return None, 0
-        classes = [c for c in REDACTION_CLASSES if c not in self.config.redaction_off]
+        classes = self.config.enabled_redaction_classes
         result = redact(text, enabled_classes=classes)
         return result.text, result.total
 
@@ -834,10 +792,18 @@ class Memory:
         """Customer-facing search over the same knowledge base; never returns a fact."""
         query = check_query(query)
         self.warm_up()
-        assert self.conn_str is not None
-        pipe = build_customer_search_pipeline(self.config, top_k=top_k, store=self.kb)
-        result = _run(pipe, {"retriever": {"query": query}, "acl": {"org_id": org_id}})
+        result = _run(
+            self._customer_search(), {"retriever": {"query": query, "top_k": top_k}, "acl": {"org_id": org_id}}
+        )
         return list(result["acl"]["documents"])
+
+    def _customer_search(self) -> Pipeline:
+        """The customer-search pipeline, built on first use and shared by every later call and thread (its
+        queries run on the knowledge base's pooled connections)."""
+        with self._lock:
+            if self.customer_search_pipeline is None:
+                self.customer_search_pipeline = build_customer_search_pipeline(self.config, store=self.kb)
+            return self.customer_search_pipeline
 
 
 _shared: Memory | None = None
