@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -25,10 +24,10 @@ from starlette.testclient import TestClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.harness import database, percentile
 from haystack_osa_memory import MemoryConfig
 from haystack_osa_memory.console import ConsoleSettings, create_console_app
 from haystack_osa_memory.markers import MARKER_PREFIX, MARKER_SUFFIX
-from haystack_osa_memory.store.database import scratch_database
 from haystack_osa_memory.store.facts import FACT_SOURCE
 from haystack_osa_memory.store.schema import ensure_schema
 from haystack_osa_memory.store.tokens import TokenStore
@@ -100,11 +99,11 @@ def measure(client: TestClient, timed: Timed, path: str, repeat: int) -> dict[st
     for _ in range(repeat):
         answer = client.get(path, follow_redirects=False)
         assert answer.status_code == 200, (path, answer.status_code)
-    ms = sorted(s * 1000 for s in timed.seconds)
+    ms = [s * 1000 for s in timed.seconds]
     return {
-        "p50_ms": round(statistics.median(ms), 1),
-        "p95_ms": round(ms[int(0.95 * (len(ms) - 1))], 1),
-        "max_ms": round(ms[-1], 1),
+        "p50_ms": round(percentile(ms, 50), 1),
+        "p95_ms": round(percentile(ms, 95), 1),
+        "max_ms": round(max(ms), 1),
     }
 
 
@@ -115,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    with scratch_database(prefix="osa-console-bench-") as conn_str:
+    with database("osa-console-bench-") as conn_str:
         config = MemoryConfig(pg_conn_str=conn_str, kb_schema="bench", memory_schema="bench", embedder="none")
         ensure_schema(conn_str, config)
         started = time.perf_counter()

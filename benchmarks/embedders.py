@@ -64,12 +64,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
 
 import numpy as np
 from haystack import Document
-from locomo import VARIANTS, Conversation, database, drop_schema, load_locomo, recall_all, store_all
 
+from benchmarks.harness import database, drop_schema, machine_info, percentile
+from benchmarks.locomo_data import Conversation, load_locomo
+from benchmarks.locomo_runs import VARIANTS, recall_all, store_all
 from haystack_osa_memory import MemoryConfig
 from haystack_osa_memory.embedders import build_embedders
 from haystack_osa_memory.store.database import close_pools
@@ -110,11 +112,6 @@ def rss_mb() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def percentile(values: Sequence[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p * (len(ordered) - 1)))]
 
 
 def versions() -> dict[str, str]:
@@ -347,8 +344,8 @@ def measure_latency(
         name: {
             "n": len(values),
             "cpu_per_wall": cpu[name] / sum(values),
-            "p50_ms": percentile(values, 0.5) * 1000,
-            "p95_ms": percentile(values, 0.95) * 1000,
+            "p50_ms": percentile(values, 50) * 1000,
+            "p95_ms": percentile(values, 95) * 1000,
             "mean_ms": statistics.fmean(values) * 1000,
         }
         for name, values in seconds.items()
@@ -446,7 +443,7 @@ def measure_locomo(
     """The product's store and recall pipelines (locomo.py, variant ``default``) with each pair plugged in."""
     variant = VARIANTS["default"]
     out: dict[str, dict[str, Any]] = {}
-    with database() as conn_str:
+    with database("osa-embedders-") as conn_str:
         try:
             for b in backends:
                 base = store_all(conversations, variant, conn_str, batch_size, False, embedders=(b.doc, b.text))
@@ -610,12 +607,7 @@ def run(args: argparse.Namespace, work_dir: Path, log: Callable[[str], None]) ->
         "unavailable": unavailable,
         "export_seconds": export_seconds,
         "threads": threads,
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
-        },
+        "machine": machine_info(),
         "versions": versions(),
     }
     sample = spread(turns, args.agreement_texts)

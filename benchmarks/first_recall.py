@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,9 +27,11 @@ import psycopg
 from haystack.components.embedders import MockDocumentEmbedder
 from psycopg import sql
 
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
+
+from benchmarks.harness import database, drop_schema, machine_info, percentile
 from haystack_osa_memory import Caller, Memory, MemoryConfig
 from haystack_osa_memory.embedders import build_embedders
-from haystack_osa_memory.store.database import scratch_database
 from haystack_osa_memory.store.schema import ensure_schema
 from haystack_osa_memory.transfer import ImportItem
 
@@ -48,17 +47,6 @@ QUERIES = (
 
 def fact(n: int) -> str:
     return f"The {SERVICES[n % 8]} service of rack r{n % 97} uses port {10_000 + n} for lane l{n % 89}"
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def memory_for(config: MemoryConfig, mode: str) -> Memory:
@@ -96,8 +84,7 @@ def run(uri: str, facts: int, mode: str) -> dict[str, Any]:
         answer = fresh.recall(QUERIES[i % len(QUERIES)], caller=caller)
         times.append(time.perf_counter() - t)
         found.append(len(answer["facts"]))
-    with psycopg.connect(uri, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(names["schema"]))
+    drop_schema(uri, schema)
     return {
         "facts": facts,
         "mode": mode,
@@ -105,7 +92,7 @@ def run(uri: str, facts: int, mode: str) -> dict[str, Any]:
         "stored": report.stored,
         "analyzed": report.analyzed,
         "first_recall_ms": round(times[0] * 1000, 1),
-        "later_recalls_p50_ms": round(statistics.median(times[1:]) * 1000, 1),
+        "later_recalls_p50_ms": round(percentile(times[1:], 50) * 1000, 1),
         "later_recalls_max_ms": round(max(times[1:]) * 1000, 1),
         "facts_returned": found[0],
     }
@@ -117,10 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", nargs="+", choices=("lexical", "hybrid"), default=["lexical"])
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    machine = {"cpu": cpu_model(), "cores": os.cpu_count(), "load_avg_at_start": [round(x, 2) for x in os.getloadavg()]}
+    machine = machine_info()
     print(json.dumps(machine), flush=True)
     results = []
-    with scratch_database(prefix="osa-first-recall-") as uri:
+    with database("osa-first-recall-") as uri:
         for facts in args.facts:
             for mode in args.modes:
                 result = run(uri, facts, mode)

@@ -46,7 +46,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import psutil
 import psycopg
 from mcp import ClientSession
@@ -54,11 +53,12 @@ from mcp.client.streamable_http import streamable_http_client
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from scale import machine_info  # benchmarks/ is on sys.path when a benchmark runs as a script
-from wrk_driver import WrkResult, remove_worktree, run_wrk, worktree
 
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
+
+from benchmarks.harness import database, machine_info, percentiles
+from benchmarks.wrk_driver import WrkResult, remove_worktree, run_wrk, worktree
 from haystack_osa_memory import Caller, Memory, MemoryConfig
-from haystack_osa_memory.store.database import scratch_database
 from haystack_osa_memory.store.schema import ensure_schema
 from haystack_osa_memory.store.tokens import TokenStore
 from haystack_osa_memory.transfer import ImportItem
@@ -111,15 +111,6 @@ class Report:
     params: dict[str, Any]
     started_at: str
     results: list[PhaseResult] = field(default_factory=list)
-
-
-def percentiles(seconds: list[float]) -> dict[str, float]:
-    if not seconds:
-        return {"p50": 0.0, "p95": 0.0, "p99": 0.0, "mean": 0.0}
-    ms = np.asarray(seconds) * 1000
-    return {q: round(float(np.percentile(ms, int(q[1:]))), 1) for q in ("p50", "p95", "p99")} | {
-        "mean": round(float(ms.mean()), 1)
-    }
 
 
 # -- the clients (run in their own processes) ----------------------------------------------------
@@ -385,7 +376,7 @@ def run_phase(
         seconds=duration,
         calls=len(latencies),
         per_second=round(len(latencies) / duration, 1),
-        latency_ms=percentiles(latencies),
+        latency_ms=percentiles(latencies, digits=1) or dict.fromkeys(("p50", "p95", "p99", "mean"), 0.0),
         errors=sum(kinds.values()),
         error_kinds=kinds,
         cross_scope=sum(m["cross"] for m in merged),
@@ -490,8 +481,8 @@ REPO = Path(__file__).resolve().parents[1]
 # the API both revisions share; prints one token per assignment as JSON.
 SEED_SCRIPT = """
 import json, random, sys
-sys.path.insert(0, sys.argv[1])
-from load import fact_text, tag
+sys.path.append(sys.argv[1])  # after PYTHONPATH: a baseline checkout's package stays first
+from benchmarks.load import fact_text, tag
 from haystack_osa_memory import Caller, Memory, MemoryConfig
 from haystack_osa_memory.store.schema import ensure_schema
 from haystack_osa_memory.store.tokens import TokenStore
@@ -538,7 +529,7 @@ def seed_with(
     env = dict(os.environ) | {"PG_CONN_STR": conn_str}
     if revision_path is not None:
         env["PYTHONPATH"] = str(revision_path)
-    argv = [sys.executable, "-c", SEED_SCRIPT, str(Path(__file__).parent), conn_str, config.kb_schema]
+    argv = [sys.executable, "-c", SEED_SCRIPT, str(REPO), conn_str, config.kb_schema]
     argv += [config.memory_schema, config.embedder, str(assignments), str(facts)]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     line = next((x for x in done.stdout.splitlines() if x.startswith("TOKENS ")), None)
@@ -649,7 +640,7 @@ def main_wrk(args: argparse.Namespace, report: Report) -> list[WrkPhase]:
     rows: list[WrkPhase] = []
     checkout = worktree(args.compare, REPO) if args.compare else None
     try:
-        with scratch_database(prefix="osa-load-") as conn_str:
+        with database("osa-load-") as conn_str:
             servers: list[tuple[str, Path | None]] = [("current", None)]
             if checkout is not None:
                 servers.insert(0, (args.compare, checkout))
@@ -723,7 +714,7 @@ def main(argv: list[str] | None = None) -> Report:
     if args.driver == "wrk":
         main_wrk(args, report)
         return report
-    with scratch_database(prefix="osa-load-") as conn_str:
+    with database("osa-load-") as conn_str:
         config = fresh_config(conn_str, args.embedder)
         ensure_schema(conn_str, config)
         console.print(f"seeding {args.assignments} assignments x {args.facts} facts ...")

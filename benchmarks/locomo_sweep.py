@@ -32,10 +32,10 @@ from haystack import Document
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
 
-from locomo import Conversation, database, load_locomo, question_metrics  # a sibling module of this script
-
+from benchmarks.harness import database
+from benchmarks.locomo_data import Conversation, load_locomo, question_metrics
 from haystack_osa_memory import MemoryConfig
 from haystack_osa_memory.embedders import build_embedders
 
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault(name, "1")
     started = time.perf_counter()
     conversations = load_locomo(args.data, args.limit_conversations)
-    with database() as conn_str:
+    with database("osa-locomo-sweep-") as conn_str:
         corpora = build_corpora(conversations, conn_str)
     console.print(
         f"tokenised and embedded {sum(len(c.conv.turns) for c in corpora)} facts in "

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
+import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,8 +30,11 @@ from haystack_integrations.document_stores.pgvector import PgvectorDocumentStore
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
+
+from benchmarks.harness import database, drop_schema, machine_info, percentile
 from haystack_osa_memory import Caller, Memory, MemoryConfig
-from haystack_osa_memory.store.database import close_pools, scratch_database
+from haystack_osa_memory.store.database import close_pools
 from haystack_osa_memory.store.schema import ensure_schema
 from haystack_osa_memory.transfer import ImportItem
 
@@ -53,10 +56,6 @@ WORDS = [
 ]
 
 
-def _p(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) * 1000
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--customers", type=int, default=20000)
@@ -66,7 +65,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
     rng = np.random.default_rng(0)
-    with scratch_database(prefix="osa-rls-") as admin:
+    with database("osa-rls-") as admin:
         suffix = uuid.uuid4().hex[:8]
         roles = {"owner": f"own_{suffix}", "runtime": f"rt_{suffix}", "team": f"team_{suffix}"}
         uri = {k: make_conninfo(admin, user=v) for k, v in roles.items()}
@@ -174,11 +173,7 @@ def main() -> None:
                 timings["team_embedding"][mode].append(time.perf_counter() - t)
                 leaks[mode] += sum("osa-memory:scope" in (d.content or "") for d in docs)
         result: dict[str, Any] = {
-            "machine": {
-                "cpu": platform.processor() or platform.machine(),
-                "cores": os.cpu_count(),
-                "load": os.getloadavg(),
-            },
+            "machine": machine_info(admin),
             "customers": args.customers,
             "facts": facts[0] if facts else None,
             "build_seconds": round(build_s, 1),
@@ -190,7 +185,7 @@ def main() -> None:
         )
         print(f"{'query':<16}{'off p50':>9}{'off p95':>9}{'on p50':>9}{'on p95':>9}{'on/off p50':>12}")
         for side, t in timings.items():
-            off50, off95, on50, on95 = _p(t["off"], 50), _p(t["off"], 95), _p(t["on"], 50), _p(t["on"], 95)
+            off50, off95, on50, on95 = (percentile(t[m], q) * 1000 for m in ("off", "on") for q in (50, 95))
             result[side] = {
                 "off_p50_ms": off50,
                 "off_p95_ms": off95,
@@ -201,9 +196,8 @@ def main() -> None:
             print(f"{side:<16}{off50:>9.2f}{off95:>9.2f}{on50:>9.2f}{on95:>9.2f}{on50 / off50:>12.2f}")
         print(f"fact chunks in the team's results: RLS off {leaks['off']}, on {leaks['on']}")
         print(json.dumps(result, default=float))
-        close_pools()
+        drop_schema(admin, schema)
         with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
             for name in roles.values():
                 conn.execute(sql.SQL("DROP OWNED BY {0}; DROP ROLE {0}").format(sql.Identifier(name)))
 

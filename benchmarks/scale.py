@@ -134,7 +134,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import random
 import re
 import signal
@@ -146,7 +145,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, suppress
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from importlib.metadata import version
@@ -169,10 +168,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
+
+from benchmarks.harness import database, machine_info, percentiles
 from haystack_osa_memory import Caller, GovernedFactWriter, Memory, MemoryConfig, MemoryStore, ScopeMarkerWriter
 from haystack_osa_memory.config import ENVIRONMENT
 from haystack_osa_memory.markers import content_hash, document_id, marked_fact
-from haystack_osa_memory.store.database import close_pools, scratch_database
+from haystack_osa_memory.store.database import close_pools
 from haystack_osa_memory.store.facts import (
     EXACT_SCOPE_MAX,
     FACT_AUDIENCE,
@@ -474,18 +476,6 @@ class LookupDocumentEmbedder:
         return {"documents": [replace(d, embedding=self.vectors[d.content or ""]) for d in documents]}
 
 
-def percentiles(seconds: list[float]) -> dict[str, float]:
-    if not seconds:
-        return {}
-    ms = np.array(seconds) * 1000
-    return {
-        "p50": float(np.percentile(ms, 50)),
-        "p95": float(np.percentile(ms, 95)),
-        "p99": float(np.percentile(ms, 99)),
-        "mean": float(ms.mean()),
-    }
-
-
 def progress() -> Progress:
     return Progress(
         TextColumn("{task.description:<44}"),
@@ -497,23 +487,6 @@ def progress() -> Progress:
         transient=True,
         disable=not console.is_terminal,
     )
-
-
-def machine_info() -> dict[str, Any]:
-    model = platform.processor() or platform.machine()
-    with suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu_model": model,
-        "cores": os.cpu_count(),
-        "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
-        "os": platform.platform(),
-        "python": platform.python_version(),
-        "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
-    }
 
 
 def find_postmaster(conn: psycopg.Connection[Any]) -> psutil.Process | None:
@@ -567,11 +540,6 @@ class MemorySampler(threading.Thread):
         self._stop_event.set()
         self.join()
         return self.peak
-
-
-def database() -> AbstractContextManager[str]:
-    """PG_CONN_STR, or an embedded PostgreSQL in a temporary directory (deleted afterwards)."""
-    return scratch_database(prefix="osa-bench-")
 
 
 @dataclass(frozen=True)
@@ -1648,11 +1616,14 @@ class BigScopeBench(Bench):
 def code_fingerprint() -> dict[str, str]:
     """sha256 (first 12 hex digits) and modification time of the modules that rank a scope: the figures belong
     to that code."""
+    import haystack_osa_memory.store.big_scope as big_scope_module
+    import haystack_osa_memory.store.candidates as candidates_module
     import haystack_osa_memory.store.facts as facts_module
     import haystack_osa_memory.store.ranking as ranking_module
+    import haystack_osa_memory.store.recall_rows as recall_rows_module
 
     out = {}
-    for module in (facts_module, ranking_module):
+    for module in (facts_module, candidates_module, big_scope_module, recall_rows_module, ranking_module):
         path = Path(module.__file__ or "")
         digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
         modified = datetime.fromtimestamp(path.stat().st_mtime, UTC).isoformat(timespec="seconds")
@@ -1769,7 +1740,7 @@ def print_big_report(r: Report) -> None:
     m, p, b = r.machine, r.params, r.big_scope
     console.rule("[bold]haystack-osa-memory scale benchmark: big scopes")
     console.print(
-        f"date {r.started_at}  |  {m['cpu_model']}, {m['cores']} cores, {m['ram_gb']} GB RAM  |  {m['os']}, "
+        f"date {r.started_at}  |  {m['cpu_model']}, {m['cores']} cores, {m['ram_gib']} GiB RAM  |  {m['os']}, "
         f"Python {m['python']}  |  torch threads {b.get('torch_threads')}, query precision {b.get('query_precision')}"
     )
     console.print(
@@ -1834,7 +1805,7 @@ def print_report(r: Report) -> None:
     m, p = r.machine, r.params
     console.rule("[bold]haystack-osa-memory scale benchmark")
     console.print(
-        f"date {r.started_at}  |  {m['cpu_model']}, {m['cores']} cores, {m['ram_gb']} GB RAM  |  {m['os']}, "
+        f"date {r.started_at}  |  {m['cpu_model']}, {m['cores']} cores, {m['ram_gib']} GiB RAM  |  {m['os']}, "
         f"Python {m['python']}"
     )
     console.print(
@@ -2090,7 +2061,7 @@ def run_big_scope(params: Params, args: argparse.Namespace) -> int:
         if args.json:
             args.json.write_text(json.dumps(asdict(report), indent=2, default=str) + "\n", encoding="utf-8")
 
-    with database() as conn_str:
+    with database("osa-bench-") as conn_str:
         bench = BigScopeBench(conn_str, params)
         try:
             bench.build()
@@ -2112,7 +2083,7 @@ def main(argv: list[str] | None = None) -> int:
     if params.big_scope:
         return run_big_scope(params, args)
     started = time.perf_counter()
-    with database() as conn_str:
+    with database("osa-bench-") as conn_str:
         bench = Bench(conn_str, params)
         sampler = MemorySampler(bench.postmaster) if bench.postmaster is not None else None
         if sampler is not None:

