@@ -1,93 +1,17 @@
 """Privacy redaction: the pattern catalogue and pure functions that apply it. No I/O.
 
-Before a fact is embedded or stored, :func:`redact` replaces private network addresses, users' home
-directories and secrets with typed placeholders and counts what it replaced, per class:
+:func:`redact` replaces private network addresses, users' home directories and secrets with typed
+placeholders (``[REDACTED-<CLASS>]``) and counts what it replaced, per class. What each class replaces,
+what stays, and the known limits: docs/security.md, section "What redaction replaces".
 
-    >>> result = redact("ssh alice@10.0.3.7 -i /home/alice/.ssh/id_ed25519; PGPASSWORD=hunter2 psql")
-    >>> result.text
-    'ssh alice@[REDACTED-PRIVATE-IP] -i [REDACTED-USER-PATH]/.ssh/id_ed25519; PGPASSWORD=[REDACTED-PASSWORD] psql'
-    >>> result.counts
-    {'password': 1, 'user_path': 1, 'private_ip': 1}
-
-Classes (switch any of them off with ``enabled_classes``):
-
-``private_key`` -> ``[REDACTED-PRIVATE-KEY]``
-    PEM private-key blocks (``-----BEGIN ... PRIVATE KEY-----``: PKCS#1/#8, EC, OpenSSH, encrypted,
-    PGP), also with ``\\n`` escapes inside JSON (GCP service-account files) and truncated blocks
-    without their END line. Public keys and certificates stay.
-``jwt`` -> ``[REDACTED-JWT]``
-    JSON Web Tokens (``eyJ<header>.eyJ<payload>.<signature>``; the signature may be empty).
-``secret`` -> ``[REDACTED-SECRET]``
-    Tokens recognised by their shape: AWS access key ids (``AKIA``/``ASIA``/``ABIA``/``ACCA``),
-    GitHub (``ghp_ gho_ ghu_ ghs_ ghr_ github_pat_``), GitLab (``glpat-`` and friends), Slack
-    (``xox[abposre]-``, ``xapp-``, incoming-webhook URLs), Discord bot tokens and webhook URLs,
-    Telegram bot tokens, Stripe secret/restricted/webhook keys (``sk_live_ sk_test_ rk_... whsec_``;
-    publishable ``pk_`` keys are public and stay), OpenAI/Anthropic style ``sk-...`` (random part of
-    mixed case and digits), Google API keys (``AIza``) and OAuth tokens (``ya29.``), npm, PyPI,
-    Hugging Face, SendGrid, Docker Hub, this project's own ``osam_`` bearer tokens, Azure
-    ``AccountKey=`` / ``SharedAccessKey=`` / ``SharedAccessSignature=`` values and SAS ``sig=``
-    parameters, ``Authorization: Bearer|Basic|Token ...`` credentials, ``aws configure set
-    aws_secret_access_key ...``; and the value assigned to a key that names a secret (``*secret``,
-    ``*token``, ``*api_key``, ``*access_key``, ``*secret_key``, ``*private_key``, ``*credentials``
-    ...) in ``k=v``, ``k: v``, JSON, YAML, XML, TOML, code and ``--flag value`` forms. AWS secret
-    access keys are caught in such assignments (a bare 40-character base64 string cannot be told
-    apart from other data). A token (JWTs too) is found where it starts a word, also when a name is
-    glued to it with ``-`` or ``_`` (``x-AKIA...``, ``key_ghp_...``, ``url-sk_live_...``,
-    ``x-eyJ...``) or, for a token that starts with a capital, by camelCase (``awsAKIA...``); not
-    after a digit or a letter of the same run (``1AKIA...``, ``xghp_...``, ``risk-...``).
-``password`` -> ``[REDACTED-PASSWORD]``
-    The value assigned to a key that names a password (``password``, ``passwd``, ``passphrase``,
-    ``*_pass``, ``*_pwd``, SQL ``PASSWORD '...'`` / ``IDENTIFIED BY '...'``, ``password <value>``
-    when the value looks like a secret), ``--password``, ``mysql -p...``, ``sshpass -p``, ``docker
-    login``/``az login -p``, ``curl -u user:pass``, ``.netrc`` lines, and the password of a URL's
-    userinfo (``postgresql://app:s3cret@db/app`` -> ``postgresql://app:[REDACTED-PASSWORD]@db/app``:
-    only the password goes, the user name and host stay useful). A multi-word value on its own YAML
-    line (``passphrase: correct horse battery staple``) goes whole, unless it reads like prose
-    (``Password: stored in Vault``).
-``user_path`` -> ``[REDACTED-USER-PATH]``
-    The home directory of a named user, the rest of the path stays: ``/home/<user>`` (also
-    ``/var/home``, ``/usr/home``), macOS ``/Users/<user>``, Windows ``C:\\Users\\<user>`` (any drive,
-    either slash, doubled backslashes as in JSON, names with spaces, ``Documents and Settings``), WSL
-    ``/mnt/c/Users/<user>`` and Git Bash ``/c/Users/<user>``. Stays: ``/root`` (the same on every
-    machine, names nobody), ``/home`` and ``/Users`` alone, ``~`` and ``~/...``, variables and
-    templates (``/home/$USER``, ``C:\\Users\\%USERNAME%``, ``/home/<user>``), the shared folders
-    ``/Users/Shared``, ``C:\\Users\\Public``, ``Default``, ``Default User``, ``All Users``; URL paths
-    (``https://example.com/home/about``).
-``private_ip`` -> ``[REDACTED-PRIVATE-IP]``
-    IPv4 in 10/8, 172.16/12, 192.168/16 (also as CIDR, with port, and in AWS host names
-    ``ip-10-0-1-23``); IPv6 in fc00::/7 (unique local) and fe80::/10 (link-local, including the
-    zone id ``%eth0``). Stays: loopback (127/8, ``::1``: the same on every host, reveals nothing),
-    IPv4 link-local 169.254/16 (the well-known cloud metadata address), 100.64/10, public addresses,
-    the RFC ranges themselves written as ``10.0.0.0/8``, ``172.16.0.0/12``, ``192.168.0.0/16``,
-    ``fc00::/7``, ``fe80::/10`` (public knowledge), and version numbers: three-part numbers are never
-    addresses, and a four-part number directly after ``v``, ``version`` or a pin such as ``==`` is a
-    version.
-
-Everything else stays: public IPs, ordinary paths, timestamps, UUIDs, git SHAs, e-mail addresses
-(add an extra pattern for those), variable references and templates as values (``${DB_PASSWORD}``,
-``{{ vault_pw }}``, ``<your-token>``, ``os.environ["X"]``, ``getpass()``, ``args.password``,
-``None``), values already masked (``****``, ``[REDACTED]``, ``[FILTERED]``).
-
-Secrets hidden from an ASCII pattern are found too. The rules see compatibility forms folded to ASCII
-(fullwidth letters such as U+FF21 for ``A``, mathematical letters: NFKC), characters that draw nothing
-dropped (``AKIA\\u200b…``) and combining marks on ASCII letters dropped; what they find is replaced in
-the text as given. Connection strings are also read URL-encoded (``postgresql%3A%2F%2Fadmin%3A…%40db``,
-twice encoded too) and JSON-escaped (``postgresql:\\/\\/admin:…@db``). A word that labels a credential
-or an address may be glued on (``tokenxoxb-…``, ``bearereyJ…``, ``host10.12.34.56``).
-
-Rules run in catalogue order on the text produced by the previous rule; values that are already
-placeholders are skipped, so redaction is idempotent and each secret is counted once. Every regex is
-linear-time on any input: unbounded repetitions are possessive (no backtracking into them), others
-are bounded, and context that would need a variable-length look-behind is checked in Python on a
-bounded window. A rule only scans a text that contains one of its trigger strings. Extra patterns are the
-caller's regexes: keep them linear too.
-
-Known limits (see ``tests/data/redaction_corpus.jsonl`` and ``benchmarks/redaction.py``): values
-with no key at all (``auth=("svc", "pw")``) are only found when they have a known token shape; in
-weak contexts an unquoted value must look like a secret (6+ characters with a digit or a symbol), so
-``token: expired`` in a log line stays, and so would ``password: letmein`` in the middle of a
-sentence or ``password = letmein`` (spaces around ``=`` and a bare word read as code:
-``self.token = nextchar``). Quoted values, ``password=letmein`` and YAML lines are always redacted.
+How the rules run: in catalogue order, each on the text produced by the previous rule; values that are
+already placeholders are skipped, so redaction is idempotent and each secret is counted once. The rules
+see the text with compatibility forms folded (NFKC), invisible characters and combining marks on ASCII
+letters dropped, and replace what they find in the text as given. Every regex is linear-time on any
+input: unbounded repetitions are possessive (no backtracking into them), others are bounded, and context
+that would need a variable-length look-behind is checked in Python on a bounded window. A rule only scans
+a text that contains one of its trigger strings. Extra patterns are the caller's regexes: keep them
+linear too.
 """
 
 from __future__ import annotations
