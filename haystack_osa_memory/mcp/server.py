@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import json
 import logging
@@ -65,6 +66,18 @@ async def _respond(send: Send, status: int, body: dict[str, Any], headers: list[
                 (b"content-length", str(len(payload)).encode()),
                 *headers,
             ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
+
+
+async def _respond_json(send: Send, payload: bytes) -> None:
+    """A 200 answer with a JSON body, with the headers the MCP SDK's JSON answer has."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-length", str(len(payload)).encode()), (b"content-type", b"application/json")],
         }
     )
     await send({"type": "http.response.body", "body": payload})
@@ -473,12 +486,77 @@ async def _buffered_body(receive: Receive) -> tuple[bytes | None, Receive]:
     return body, replay
 
 
+class DirectToolCalls:
+    """Ordinary ``tools/call`` requests answered by the MCP server's own tool-call handler, without the
+    session the MCP SDK builds for every stateless request.
+
+    Stateless streamable HTTP makes the SDK build, per request, a transport, a server session, memory
+    streams and task groups, route the request through them and back, and only then call the handler
+    registered for ``tools/call``: more CPU than a recall's own work. A request whose headers and body the
+    SDK would accept as they are (a single JSON-RPC ``tools/call`` request with an id, JSON content, a JSON
+    answer accepted, a supported protocol version) is validated as the SDK validates it, given to the same
+    handler (the same argument checks, tool, telemetry and error results) and answered with the JSON-RPC
+    response the SDK would send, byte for byte. Anything else (``initialize``, ``tools/list``,
+    notifications, batches, unusual headers, a body the models refuse) goes through the SDK.
+    """
+
+    def __init__(self, server: Any) -> None:
+        from mcp import types
+        from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
+        from mcp.shared.version import SUPPORTED_PROTOCOL_VERSIONS
+
+        self._types = types
+        self._handler = server.request_handlers[types.CallToolRequest]
+        self._versions = {v.encode() for v in SUPPORTED_PROTOCOL_VERSIONS}
+        self._max_body = DEFAULT_MAX_REQUEST_BODY_SIZE
+
+    def takes(self, headers: dict[bytes, bytes]) -> bool:
+        """Whether the request's headers are ones the SDK would accept without a word (its own checks)."""
+        accept = [t.strip() for t in headers.get(b"accept", b"").split(b",")]
+        content_type = headers.get(b"content-type", b"")
+        version = headers.get(b"mcp-protocol-version")
+        return (
+            any(t.startswith(b"application/json") for t in accept)
+            and content_type.lower().startswith(b"application/json")
+            and any(part.strip() == b"application/json" for part in content_type.split(b";")[0].split(b","))
+            and (version is None or version in self._versions)
+        )
+
+    async def answer(self, body: bytes) -> bytes | None:
+        """The JSON-RPC response to ``body``, or None when the SDK should take the request."""
+        from pydantic import ValidationError
+
+        types = self._types
+        if len(body) > self._max_body:
+            return None
+        try:
+            message = json.loads(body)
+        except ValueError:
+            return None
+        if not (isinstance(message, dict) and message.get("method") == "tools/call" and "id" in message):
+            return None
+        try:
+            rpc = types.JSONRPCRequest.model_validate(message)
+            request = types.CallToolRequest.model_validate(
+                rpc.model_dump(by_alias=True, mode="json", exclude_none=True)
+            )
+        except ValidationError:
+            return None
+        result = await self._handler(request)
+        response = types.JSONRPCResponse(
+            jsonrpc="2.0", id=rpc.id, result=result.model_dump(by_alias=True, mode="json", exclude_none=True)
+        )
+        payload: str = types.JSONRPCMessage(response).model_dump_json(by_alias=True, exclude_none=True)
+        return payload.encode()
+
+
 class BearerAuthMiddleware:
     """Pure ASGI middleware: verify the bearer token, run the request as its caller, or answer 401."""
 
-    def __init__(self, app: ASGIApp, verify: Verifier) -> None:
+    def __init__(self, app: ASGIApp, verify: Verifier, direct: DirectToolCalls | None = None) -> None:
         self.app = app
         self.verify = verify
+        self.direct = direct
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -522,6 +600,12 @@ class BearerAuthMiddleware:
             if problem is not None:
                 await _respond(send, 400, parse_error(problem))
                 return
+            if self.direct is not None and self.direct.takes(headers):
+                with caller_scope(caller):
+                    answer = await self.direct.answer(body)
+                if answer is not None:
+                    await _respond_json(send, answer)
+                    return
         with caller_scope(caller):
             await self.app(scope, receive, send)
 
@@ -541,8 +625,7 @@ def _lock_down(server: Any, registry: Any) -> list[str]:
     A tool declared in `tools.SPECS` also publishes its result model as `outputSchema`, and its results
     carry `structuredContent` (MCP 2025-06-18) beside the same JSON as text, for clients that predate it.
     """
-    from hayhooks.server.utils.mcp_utils import run_pipeline_as_tool
-    from mcp.types import CallToolResult, TextContent, Tool
+    from mcp.types import CallToolResult, ContentBlock, TextContent, Tool
     from pydantic import ValidationError
 
     from haystack_osa_memory.mcp.telemetry import instrument_tool_call
@@ -551,11 +634,14 @@ def _lock_down(server: Any, registry: Any) -> list[str]:
     tools: dict[str, Tool] = {}
     models: dict[str, Any] = {}
     results: dict[str, Any] = {}
+    wrappers: dict[str, Any] = {}
     for name in registry.get_names():
         metadata = registry.get_metadata(name) or {}
         model = metadata.get("request_model")
-        if model is None:
+        wrapper = registry.get(name)
+        if model is None or wrapper is None:
             continue
+        wrappers[name] = wrapper
         schema = model.model_json_schema()
         schema["additionalProperties"] = False
         spec = SPECS.get(name)
@@ -594,30 +680,32 @@ def _lock_down(server: Any, registry: Any) -> list[str]:
             problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
             msg = f"invalid arguments for {name}: {problems}"
             raise InvalidInputError(msg) from None
+        # The wrapper's `run_api` is called as Hayhooks' `run_pipeline_as_tool` calls it (in a worker thread),
+        # without its detour: a span mirrored into the local trace buffer (not served here) and the tool's
+        # dict turned into JSON text only to be parsed back for the structured content.
         try:
-            result: list[TextContent] = await run_pipeline_as_tool(registry, name, arguments)
+            answer = await anyio.to_thread.run_sync(functools.partial(wrappers[name].run_api, **arguments))
         except OsaMemoryError:
             raise
         except Exception as e:
             logger.exception("tool %s failed", name)
             msg = f"{name} failed with an internal error ({type(e).__name__}); see the server log"
             raise RuntimeError(msg) from None
+        text = [TextContent(type="text", text=json.dumps(answer) if isinstance(answer, dict) else str(answer))]
         if name not in results:
-            return result
-        # Hayhooks sent the tool's dict as JSON text: the same object is the structured content. It is
-        # checked against the tool's result model here, once compiled, and answered as a finished
-        # result: the MCP SDK would otherwise rebuild a JSON-schema validator on every call (3.8 ms for
-        # a recall of 8 facts, more than the recall itself).
+            return text
+        # The tool's dict is also its structured content. It is checked against the tool's result model
+        # here, once compiled, and answered as a finished result: the MCP SDK would otherwise rebuild a
+        # JSON-schema validator on every call (3.8 ms for a recall of 8 facts, more than the recall itself).
         try:
-            structured = json.loads(result[0].text) if len(result) == 1 else None
-            if not isinstance(structured, dict):
+            if not isinstance(answer, dict):
                 raise ValueError("not a JSON object")
-            results[name].model_validate(structured)
+            results[name].model_validate(answer)
         except ValueError as e:
             logger.error("tool %s returned a result outside its outputSchema: %s", name, type(e).__name__)
             msg = f"{name} failed with an internal error (result outside its outputSchema); see the server log"
             raise RuntimeError(msg) from None
-        return CallToolResult(content=list(result), structuredContent=structured)
+        return CallToolResult(content=list[ContentBlock](text), structuredContent=answer)
 
     return sorted(tools)
 
@@ -653,12 +741,23 @@ def worker_app() -> ASGIApp:
     try:
         config = MemoryConfig.from_env()
         tokens = TokenStore(resolve_connection_string(config), config)
-        pipelines = os.environ.get(PIPELINES_DIR_ENV)
-        app = create_app(CachingVerifier(tokens, config.offline_grace), Path(pipelines) if pipelines else None)
+        app = create_app(CachingVerifier(tokens, config.offline_grace), config.pipelines_dir)
     except Exception as e:
         logger.error("the MCP tools could not be loaded: %s: %s", type(e).__name__, e)
         raise SystemExit(3) from None  # uvicorn's STARTUP_FAILURE
     return app
+
+
+def without_trace_buffer() -> None:
+    """Keep Hayhooks from mirroring every Haystack span into the buffer of its local trace API.
+
+    Hayhooks does it with or without a tracing backend (when it configures tracing, as it builds the MCP
+    app); that API (``/traces``) is not served here, so the mirror would be cost without a reader. A tracing
+    backend the operator configured is unaffected (`telemetry.configure_tracing`).
+    """
+    from hayhooks.settings import settings as hayhooks_settings
+
+    hayhooks_settings.tracing_include_haystack_spans = False
 
 
 def create_app(verify: Verifier, pipelines_dir: Path | None = None) -> ASGIApp:
@@ -670,6 +769,7 @@ def create_app(verify: Verifier, pipelines_dir: Path | None = None) -> ASGIApp:
     from hayhooks.server.utils.mcp_utils import create_mcp_server, create_starlette_app
     from starlette.routing import Mount, Route
 
+    without_trace_buffer()
     registry = load_pipeline_registry(pipelines_dir or default_pipelines_dir())
     server = create_mcp_server(name="osa-memory", registry=registry)
     # Without a version the MCP SDK looks up its own package's version in the installed metadata on
@@ -677,8 +777,10 @@ def create_app(verify: Verifier, pipelines_dir: Path | None = None) -> ASGIApp:
     server.version = _package_version()
     names = _lock_down(server, registry)
     logger.info("serving MCP tools %s", names)
-    app = create_starlette_app(server)
+    # Each answer as one JSON body instead of a one-event SSE stream: a stateless call has nothing to
+    # stream (no progress, no server requests), and the stream's machinery cost more than the recall.
+    app = create_starlette_app(server, json_response=True)
     app.router.routes = [
         r for r in app.router.routes if isinstance(r, Route | Mount) and getattr(r, "path", "") in ("/mcp", "/status")
     ]
-    return BearerAuthMiddleware(app, verify)
+    return BearerAuthMiddleware(app, verify, DirectToolCalls(server))

@@ -18,7 +18,7 @@ EXPECTED_LINES = {
     "debug": [
         "Failed to validate notification",
         "Received message (details not logged",
-        "sent a chunk of an answer (not logged",
+        "Dispatching request of type",
     ],
 }
 

@@ -61,6 +61,9 @@ def test_tools_list_publishes_the_declared_schemas(server: Server) -> None:
         timeout=30,
     )
     assert response.status_code == 200
+    # one JSON body, not an SSE stream: a stateless call has nothing to stream
+    assert response.headers["content-type"].startswith("application/json")
+    assert len(response.json()["result"]["tools"]) == len(tools.SPECS)
     assert response.text.count('"outputSchema"') == len(tools.SPECS)
 
 

@@ -222,3 +222,26 @@ def test_only_names_counts_and_flags_pass_the_wrapper() -> None:
         "haystack.agent.input",
     ):
         assert not telemetry.allowed_tag(key), key
+
+
+def test_hayhooks_mirrors_no_span_into_its_unserved_trace_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hayhooks' own tracing set-up (run as it builds the MCP app) leaves Haystack's tracer as it found it
+    once `server.without_trace_buffer` ran: without it, a live-buffer tracer wraps every span."""
+    from hayhooks.server.tracing import configure_tracing as hayhooks_configure_tracing
+    from hayhooks.settings import settings as hayhooks_settings
+
+    from haystack_osa_memory.mcp.server import without_trace_buffer
+
+    monkeypatch.setattr(hayhooks_settings, "tracing_include_haystack_spans", True)
+    for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(var, raising=False)
+    try:
+        disable_tracing()
+        hayhooks_configure_tracing()
+        assert type(haystack_tracer.actual_tracer).__name__ == "_LiveBufferNullTracer"  # what it does by default
+        disable_tracing()
+        without_trace_buffer()
+        hayhooks_configure_tracing()
+        assert type(haystack_tracer.actual_tracer).__name__ == "NullTracer"
+    finally:
+        disable_tracing()
