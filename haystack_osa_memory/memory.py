@@ -51,6 +51,7 @@ from haystack_osa_memory.supersession_suggestions import (
 from haystack_osa_memory.tools import HELD_STATUSES, SUPERSEDES_MAX, RecallArguments, StoreArguments
 from haystack_osa_memory.transfer import ImportItem, ImportReport, import_facts
 from haystack_osa_memory.validation import (
+    CURSOR_MAX,
     KINDS,
     NOTE_MAX,
     PATH_MAX,
@@ -232,6 +233,22 @@ class Memory:
             warm_up_judge(self.judge)
             self.lifecycle = self.kb.lifecycle
             self.store_pipeline, self.recall_pipeline = store, recall
+
+    def close(self) -> None:
+        """Let go of the knowledge base's connection pool (`MemoryStore.close`) and of the pipelines built on
+        it. Idempotent; a later call warms up again."""
+        with self._lock:
+            kb, self.kb = self.kb, None
+            self.store_pipeline = self.recall_pipeline = self.customer_search_pipeline = None
+            self.lifecycle = None
+        if kb is not None:
+            kb.close()
+
+    def __enter__(self) -> Memory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- guards --------------------------------------------------------------------------------
     def _lifecycle(self, caller: Caller) -> LifecycleRepository:
@@ -442,14 +459,12 @@ class Memory:
         own scope, in order within it, only while its token is still active (else set aside in the rejected
         file) and its scope switched on (else kept for a later replay). Called automatically by the first
         successful database call. Returns how many were stored."""
-        from haystack_osa_memory.store.tokens import TokenStore
-
         if not self.offline.queue.path.exists():
             return 0
         lifecycle = self.lifecycle
         assert lifecycle is not None
-        assert self.conn_str is not None
-        tokens = TokenStore(self.conn_str, self.config)
+        assert self.kb is not None
+        tokens = self.kb.tokens
         return self.offline.replay(
             lambda doc, caller: self._write([doc], caller, action="store-replay"),
             is_off=lambda caller: not self.config.enabled or lifecycle.is_off(caller.org_id, caller.assignment_id),
@@ -581,7 +596,7 @@ class Memory:
             status = check_choice(status, "status", LISTABLE_STATUSES)
         topic = check_topic(topic)
         if cursor is not None:
-            cursor = check_text(cursor, "cursor", min_len=1, max_len=500)
+            cursor = check_text(cursor, "cursor", min_len=1, max_len=CURSOR_MAX)
         scope = Scope(caller.org_id, caller.assignment_id)
         return self._lifecycle(caller).list_facts(scope, status=status, topic=topic, cursor=cursor)
 

@@ -12,6 +12,7 @@ from haystack_osa_memory.markers import MARKER_LOOKALIKE
 from haystack_osa_memory.privacy.redaction import PLACEHOLDER_PATTERN
 
 # The limits and choices are the tools' contract, declared once in `tools.py`.
+CURSOR_MAX = tools.CURSOR_MAX
 DOCUMENT_ID_LENGTH = tools.DOCUMENT_ID_LENGTH
 FACT_MAX = tools.FACT_MAX
 KINDS = tools.KINDS

@@ -172,6 +172,10 @@ FACT_ACL: dict[str, Bound] = {
 }
 
 
+#: Our components that act on the database (their ``store`` is the server's knowledge base).
+STORE_COMPONENTS = frozenset({"GovernedFactWriter", "GoverningRowAclFilter", "ScopedMemoryRetriever"})
+
+
 def _kind(component: dict[str, Any]) -> str | None:
     """The class name of one of our components (``None`` for any other: nothing is bound to it)."""
     kind = str(component.get("type", ""))
@@ -268,6 +272,8 @@ def _bind(data: dict[str, Any], config: MemoryConfig, store: MemoryStore, origin
             params[param] = value
         if "store" in params and _kind(component):
             _check_store(origin, f"components.{name}.init_parameters.store", params["store"], store)
+        if _kind(component) in STORE_COMPONENTS:
+            params["store"] = store  # the shipped YAML leaves the block out: the server binds its store
 
 
 def lexical_only(config: MemoryConfig) -> bool:

@@ -24,15 +24,14 @@ def status(data_dir: DataDir = None, as_json: JsonFlag = False) -> None:
     """Show where the data lives, the embedder, and counts."""
     from haystack_osa_memory import __version__
     from haystack_osa_memory.embedders import resolve_embedder_choice
-    from haystack_osa_memory.store.facts import buffer_fit, count_facts
-    from haystack_osa_memory.store.schema import check_schema
+    from haystack_osa_memory.store.memory_store import MemoryStore
 
     config = load_config(data_dir)
     conn = connect(config)
-    with or_fail():
-        rls = check_schema(conn, config).row_level_security
-        counts = count_facts(conn, config)
-        fit = buffer_fit(conn, config)
+    with or_fail(), MemoryStore.from_config(config.model_copy(update={"pg_conn_str": conn})) as store:
+        rls = store.check_schema().row_level_security
+        counts = store.count_facts()
+        fit = store.buffer_fit()
     data = {
         "version": __version__,
         "database": "PG_CONN_STR" if config.pg_conn_str else f"embedded ({config.data_dir})",

@@ -6,7 +6,7 @@ from haystack import Document, component, default_from_dict, default_to_dict
 
 from haystack_osa_memory.errors import InvalidInputError
 from haystack_osa_memory.store.facts import FactRepository
-from haystack_osa_memory.store.memory_store import MemoryStore
+from haystack_osa_memory.store.memory_store import MemoryStore, store_from_environment
 
 
 @component
@@ -35,11 +35,12 @@ class GovernedFactWriter:
         audit: bool = True,
     ) -> None:
         """
-        :param store: The knowledge base (`MemoryStore`: connection, table names, timeouts); by default
-            `MemoryStore()`, which reads the `PG_CONN_STR` secret on first use.
+        :param store: The knowledge base (`MemoryStore`: connection, table names, timeouts). Required:
+            without it the component still falls back to `MemoryStore()` (the `PG_CONN_STR` secret, read on
+            first use) and warns (`DeprecationWarning`); from 0.2.0 it will not load.
         :param audit: Append an audit row per fact (in the store's memory schema) in the same transaction.
         """
-        self.store = store if store is not None else MemoryStore()
+        self.store = store if store is not None else store_from_environment("GovernedFactWriter")
         self.audit = audit
         self._repo: FactRepository | None = None
 

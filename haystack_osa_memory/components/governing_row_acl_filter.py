@@ -9,7 +9,7 @@ from haystack import Document, component, default_from_dict, default_to_dict
 from haystack_osa_memory.errors import AclLookupError, OsaMemoryError
 from haystack_osa_memory.store.database import fact_scope
 from haystack_osa_memory.store.facts import FactRepository
-from haystack_osa_memory.store.memory_store import MemoryStore
+from haystack_osa_memory.store.memory_store import MemoryStore, store_from_environment
 from haystack_osa_memory.tools import SUPERSEDED
 
 logger = logging.getLogger(__name__)
@@ -30,12 +30,12 @@ class GoverningRowAclFilter:
     from haystack import Pipeline
     from haystack_integrations.components.retrievers.pgvector import PgvectorKeywordRetriever
     from haystack_integrations.document_stores.pgvector import PgvectorDocumentStore
-    from haystack_osa_memory import GoverningRowAclFilter
+    from haystack_osa_memory import GoverningRowAclFilter, MemoryStore
 
     store = PgvectorDocumentStore(table_name="haystack_documents", embedding_dimension=384)
     search = Pipeline()
     search.add_component("retriever", PgvectorKeywordRetriever(document_store=store, top_k=20))
-    search.add_component("acl", GoverningRowAclFilter(audiences=["customer"]))
+    search.add_component("acl", GoverningRowAclFilter(audiences=["customer"], store=MemoryStore()))  # PG_CONN_STR
     search.connect("retriever.documents", "acl.documents")
     search.run({"retriever": {"query": "refund policy"}, "acl": {"org_id": "acme"}})
     ```
@@ -50,15 +50,16 @@ class GoverningRowAclFilter:
         """
         :param audiences: Audiences admitted (default `["customer"]`).
         :param admitted_statuses: Statuses admitted (default `["approved"]`).
-        :param store: The knowledge base (`MemoryStore`: connection, table names, timeouts); by default
-            `MemoryStore()`, which reads the `PG_CONN_STR` secret on first use.
+        :param store: The knowledge base (`MemoryStore`: connection, table names, timeouts). Required:
+            without it the component still falls back to `MemoryStore()` (the `PG_CONN_STR` secret, read on
+            first use) and warns (`DeprecationWarning`); from 0.2.0 it will not load.
         """
         self.audiences = list(audiences) if audiences is not None else ["customer"]
         self.admitted_statuses = list(admitted_statuses) if admitted_statuses is not None else ["approved"]
         if not self.audiences or not self.admitted_statuses:
             msg = "audiences and admitted_statuses must each name at least one value (an empty list admits nothing)"
             raise ValueError(msg)
-        self.store = store if store is not None else MemoryStore()
+        self.store = store if store is not None else store_from_environment("GoverningRowAclFilter")
         self._repo: FactRepository | None = None
 
     def warm_up(self) -> None:

@@ -12,7 +12,7 @@ from haystack_osa_memory.components.fact_document import FactDocument
 from haystack_osa_memory.markers import check_identifier, strip_marker
 from haystack_osa_memory.store.database import fact_scope
 from haystack_osa_memory.store.facts import Candidate, FactRepository, QueryTerms, ScopeHit, ScopeQuery, ValidAt
-from haystack_osa_memory.store.memory_store import MemoryStore
+from haystack_osa_memory.store.memory_store import MemoryStore, store_from_environment
 from haystack_osa_memory.store.ranking import RankingParams
 from haystack_osa_memory.supersession import Weights, fact_words, similarity, subject_words, value_changed
 from haystack_osa_memory.time_phrases import period_of
@@ -141,9 +141,9 @@ class ScopedMemoryRetriever:
 
     Usage example:
     ```python
-    from haystack_osa_memory import ScopedMemoryRetriever
+    from haystack_osa_memory import MemoryStore, ScopedMemoryRetriever
 
-    retriever = ScopedMemoryRetriever(top_k=8)        # PG_CONN_STR
+    retriever = ScopedMemoryRetriever(store=MemoryStore(), top_k=8)  # PG_CONN_STR
     docs = retriever.run(query="how do we deploy to staging?", org_id="acme", assignment_id="asg-1")["documents"]
     ```
     """
@@ -188,8 +188,9 @@ class ScopedMemoryRetriever:
         :param admitted_statuses: Statuses admitted (default `["approved"]`).
         :param resolve_conflicts: Among facts that restate each other with another value and answer the query
             about equally well, rank the one valid from later first and flag the pair (`conflicts_with`).
-        :param store: The knowledge base (`MemoryStore`: connection, table names, timeouts); by default
-            `MemoryStore()`, which reads the `PG_CONN_STR` secret on first use.
+        :param store: The knowledge base (`MemoryStore`: connection, table names, timeouts). Required:
+            without it the component still falls back to `MemoryStore()` (the `PG_CONN_STR` secret, read on
+            first use) and warns (`DeprecationWarning`); from 0.2.0 it will not load.
         """
         if not 1 <= top_k <= 100:
             msg = f"top_k must be from 1 to 100, got {top_k}"
@@ -228,7 +229,7 @@ class ScopedMemoryRetriever:
         self._time_terms: QueryTerms | None = None
         self.admitted_statuses = list(admitted_statuses) if admitted_statuses is not None else ["approved"]
         self.resolve_conflicts = resolve_conflicts
-        self.store = store if store is not None else MemoryStore()
+        self.store = store if store is not None else store_from_environment("ScopedMemoryRetriever")
         self._repo: FactRepository | None = None
 
     def warm_up(self) -> None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -43,6 +44,7 @@ from haystack_osa_memory.errors import AuthenticationError, InvalidInputError, O
 from haystack_osa_memory.markers import check_identifier
 from haystack_osa_memory.store.database import fact_scope, probe
 from haystack_osa_memory.store.lifecycle import LifecycleRepository, Scope
+from haystack_osa_memory.store.memory_store import MemoryStore
 from haystack_osa_memory.store.tokens import ConsoleIdentity, ConsoleSession, ConsoleSessions, TokenStore
 from haystack_osa_memory.tools import KINDS
 
@@ -100,6 +102,8 @@ class Console:
     env: Environment
     limiter: RateLimiter
     _memory: Any = None
+    #: The knowledge base the tokens and the lifecycle act on (it owns their pooled connections).
+    store: MemoryStore | None = None
 
     def memory(self) -> Any:
         """The `Memory` facade, built on first use (the assignment browser's recall)."""
@@ -728,19 +732,34 @@ async def not_found(request: Request, exc: Exception) -> Response:
     return _error(console, request, status, message)
 
 
+def _closing(store: MemoryStore) -> Callable[[Starlette], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: the store lets go of its connection pool when the server stops."""
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            store.close()
+
+    return lifespan
+
+
 def create_console_app(conn_str: str, config: MemoryConfig, settings: ConsoleSettings | None = None) -> Starlette:
     """The console as an ASGI app (`osa-memory console` serves it with uvicorn)."""
     settings = settings or ConsoleSettings()
+    store = MemoryStore.from_config(config.model_copy(update={"pg_conn_str": conn_str}))
     console = Console(
         conn_str=conn_str,
         config=config,
         settings=settings,
-        tokens=TokenStore(conn_str, config),
+        tokens=store.tokens,
         sessions=ConsoleSessions(conn_str, config, idle=settings.idle, absolute=settings.absolute),
-        lifecycle=LifecycleRepository(conn_str, config),
+        lifecycle=store.lifecycle,
         queries=ConsoleQueries(conn_str, config),
         env=_environment(),
         limiter=RateLimiter(settings.signin_attempts, settings.signin_window_s),
+        store=store,
     )
     routes = [
         Route("/", home),
@@ -767,6 +786,7 @@ def create_console_app(conn_str: str, config: MemoryConfig, settings: ConsoleSet
         routes=routes,
         middleware=[Middleware(SecurityHeaders)],
         exception_handlers={HTTPException: not_found, 500: not_found},
+        lifespan=_closing(store),
     )
     app.state.console = console
     return app

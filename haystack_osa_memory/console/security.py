@@ -8,8 +8,10 @@ import hmac
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from cachetools import TTLCache
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 CSP = "default-src 'self'; object-src 'none'; frame-ancestors 'none'; base-uri 'none'"
@@ -25,6 +27,9 @@ NO_STORE = (b"cache-control", b"no-store")
 LINK_SCHEMES = ("http", "https")
 # A spreadsheet evaluates a cell that starts with one of these (tab and carriage return: LibreOffice).
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+#: Keys (client addresses) the sign-in rate limit remembers; past this many, the least recently seen is
+#: forgotten. A key is forgotten anyway once its last attempt is older than the window.
+RATE_LIMIT_KEYS_MAX = 10_000
 
 
 class SecurityHeaders:
@@ -89,25 +94,36 @@ def csv_cell(value: object) -> str:
 
 
 class RateLimiter:
-    """At most ``limit`` events per ``window`` seconds per key (sign-in attempts per client address)."""
+    """At most ``limit`` events per ``window`` seconds per key (sign-in attempts per client address), for at
+    most ``max_keys`` keys at a time; ``timer`` is the clock (seconds)."""
 
-    def __init__(self, limit: int, window: float) -> None:
+    def __init__(
+        self,
+        limit: int,
+        window: float,
+        *,
+        max_keys: int = RATE_LIMIT_KEYS_MAX,
+        timer: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.limit = limit
         self.window = window
-        self._events: dict[str, deque[float]] = {}
+        self._timer = timer
+        # A key's attempts expire `window` seconds after the last one was recorded: by then all are outside
+        # the window. cachetools' caches are not thread-safe: every use holds `_lock`.
+        self._events: TTLCache[str, deque[float]] = TTLCache(max_keys, window, timer=timer)
         self._lock = threading.Lock()
 
     def allow(self, key: str) -> bool:
         """Record one attempt for ``key``; ``False`` when it is over the limit (the attempt is not run)."""
-        now = time.monotonic()
+        now = self._timer()
         with self._lock:
-            events = self._events.setdefault(key, deque())
-            while events and now - events[0] > self.window:
+            events = self._events.get(key)
+            if events is None:
+                events = deque()
+            while events and now - events[0] >= self.window:
                 events.popleft()
             if len(events) >= self.limit:
                 return False
             events.append(now)
-            if len(self._events) > 10_000:  # forget idle keys rather than grow without bound
-                for stale in [k for k, v in self._events.items() if not v or now - v[-1] > self.window]:
-                    del self._events[stale]
+            self._events[key] = events  # (again: its time to live starts from this attempt)
             return True

@@ -28,12 +28,11 @@ def caller_for(assignment: str | None = None, headers: Mapping[str, str] | None 
             msg = "missing bearer token: send 'Authorization: Bearer <token>'"
             raise AuthenticationError(msg)
         from haystack_osa_memory.memory import shared_memory
-        from haystack_osa_memory.store.tokens import TokenStore
 
         memory = shared_memory()
         memory.warm_up()
-        assert memory.conn_str is not None
-        caller = TokenStore(memory.conn_str, memory.config).verify(token.strip())
+        assert memory.kb is not None
+        caller = memory.kb.tokens.verify(token.strip())
     if caller is None:
         msg = "no authenticated caller: memory tools run only behind bearer-token auth"
         raise ScopeError(msg)

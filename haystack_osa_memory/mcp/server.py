@@ -34,6 +34,7 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 import anyio
+from cachetools import TTLCache
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from haystack_osa_memory.caller import Caller, caller_scope
@@ -311,6 +312,9 @@ def exit_with_parent() -> None:
 
 #: Seconds a direct probe's finding (is the database really away?) is reused by the token cache.
 PROBE_REUSE_S = 1.0
+#: Tokens one process remembers for an outage; past this many, the least recently used is forgotten (its
+#: next request during an outage is refused, as for a token never verified here).
+TOKEN_CACHE_MAX = 100_000
 
 
 class CachingVerifier:
@@ -326,17 +330,35 @@ class CachingVerifier:
       answers, the cache is emptied and the request waits for the pool (503) instead. Every token must
       then be checked again: one revoked during the outage is refused from its next request.
 
+    A verified token is remembered for ``grace_seconds`` (by ``timer``), at most ``max_tokens`` of them.
+
     Usage: ``CachingVerifier(TokenStore(conn_str, config), config.offline_grace)``.
     """
 
-    def __init__(self, verify: Verifier | TokenStore, grace_seconds: float) -> None:
+    def __init__(
+        self,
+        verify: Verifier | TokenStore,
+        grace_seconds: float,
+        *,
+        max_tokens: int = TOKEN_CACHE_MAX,
+        timer: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.tokens = verify if isinstance(verify, TokenStore) else None
         self.verify: Verifier = verify.verify if isinstance(verify, TokenStore) else verify
-        self.grace_seconds = grace_seconds
         self._lock = threading.Lock()
-        self._cache: dict[str, tuple[Caller, float, datetime | None]] = {}
+        self._timer = timer
+        # token hash -> (caller, when verified, token expiry); cachetools' caches are not thread-safe: every
+        # use holds `_lock`.
+        self._cache: TTLCache[str, tuple[Caller, float, datetime | None]] = TTLCache(
+            max_tokens, grace_seconds, timer=timer
+        )
         self._outage = False  # the database was found away and has not been seen back since
         self._probed: tuple[float, bool] | None = None  # (when, the database was away)
+
+    @property
+    def grace_seconds(self) -> float:
+        """Seconds a verified token is accepted while the database is unreachable."""
+        return float(self._cache.ttl)
 
     def _check(self, token: str) -> tuple[Caller, datetime | None]:
         if self.tokens is not None:
@@ -366,27 +388,30 @@ class CachingVerifier:
         try:
             caller, expires_at = self._check(token)
         except AuthenticationError:
-            self._cache.pop(key, None)
+            with self._lock:
+                self._cache.pop(key, None)
             raise
         except DatabaseError as e:
             if classify(e) != "unreachable":
                 raise
             with self._lock:
-                hit = self._cache.get(key)
-            if hit is None or time.monotonic() - hit[1] > self.grace_seconds:
+                hit = self._cache.get(key)  # None once `grace_seconds` have passed since it was verified
+            if hit is None:
                 raise
             if hit[2] is not None and hit[2] <= datetime.now(UTC):
-                self._cache.pop(key, None)
+                with self._lock:
+                    self._cache.pop(key, None)
                 raise AuthenticationError("invalid, expired or revoked token") from None
             if not self._database_away():
                 self._database_back()  # the pool has not reconnected yet: nothing is served from the cache
                 raise
             with self._lock:
                 self._outage = True
-            logger.warning("database unreachable: accepting a token verified %.0f s ago", time.monotonic() - hit[1])
+            logger.warning("database unreachable: accepting a token verified %.0f s ago", self._timer() - hit[1])
             return hit[0]
         self._database_back()
-        self._cache[key] = (caller, time.monotonic(), expires_at)
+        with self._lock:
+            self._cache[key] = (caller, self._timer(), expires_at)
         return caller
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import psycopg
+from cachetools import TTLCache
 from psycopg import sql
 
 from haystack_osa_memory.config import MemoryConfig
@@ -36,6 +37,10 @@ from haystack_osa_memory.store.scope_query import VALID_AT
 # (written by other tools) is not a candidate there.
 EXACT_SCOPE_MAX = 5000
 SCOPE_STATS_TTL_S = 30.0
+#: Scopes whose size, and (scope, lexeme) pairs whose count, one process remembers: a long-lived server sees
+#: many scopes, and past these the least recently used are forgotten (read again when next needed).
+SCOPE_SIZES_MAX = 10_000
+LEXEME_COUNTS_MAX = 100_000
 #: A lexeme held by more facts than this is "common": it still counts in ranking the candidates, but
 #: does not bring candidates of its own (its idf is low, and its facts would be thousands).
 RARE_LEXEME_MAX_DF = 400
@@ -180,8 +185,10 @@ class BigScopes:
             governing_row=governing_row_by_id(names, sql.SQL("w.document_id")),
             **names,
         )
-        self._sizes: dict[tuple[str, str], ScopeSize] = {}
-        self._counts: dict[tuple[str, str, int, bool], tuple[float, float]] = {}
+        # Both expire `SCOPE_STATS_TTL_S` after they were read; cachetools' caches are not thread-safe: every
+        # use holds `_sizes_lock`.
+        self._sizes: TTLCache[tuple[str, str], ScopeSize] = TTLCache(SCOPE_SIZES_MAX, SCOPE_STATS_TTL_S)
+        self._counts: TTLCache[tuple[str, str, int, bool], float] = TTLCache(LEXEME_COUNTS_MAX, SCOPE_STATS_TTL_S)
         #: Read the common lexemes' counts from PostgreSQL's statistics (`COMMON_LEXEMES`) instead of counting.
         self.lexeme_estimates = True
         self._common: tuple[dict[int, float], float] = ({}, -math.inf)
@@ -191,16 +198,14 @@ class BigScopes:
         """The scope's recall rows (count, mean length): read at most every `SCOPE_STATS_TTL_S` seconds
         per process (one index-only scan; the figures only choose the path and weigh BM25 there)."""
         key = (org_id, assignment_id)
-        now = time.monotonic()
         with self._sizes_lock:
             known = self._sizes.get(key)
-        if known is not None and now - known.read_at <= SCOPE_STATS_TTL_S:
+        if known is not None:
             return known
+        now = time.monotonic()
         row = conn.execute(self._scope_stats, {"org_id": org_id, "assignment_id": assignment_id}).fetchone()
         size = ScopeSize(int(row[0]), float(row[1]), now) if row else ScopeSize(0, 0.0, now)
         with self._sizes_lock:
-            if len(self._sizes) > 10_000:  # a long-lived server sees many scopes: keep the memory bounded
-                self._sizes.clear()
             self._sizes[key] = size
         return size
 
@@ -214,8 +219,8 @@ class BigScopes:
         org, assignment = scope["org_id"], scope["assignment_id"]
         with self._sizes_lock:
             known = {k: self._counts.get((org, assignment, k, estimates)) for k in keys}
-        missing = [k for k, v in known.items() if v is None or now - v[1] > SCOPE_STATS_TTL_S]
-        counts = {k: v[0] for k, v in known.items() if v is not None and k not in missing}
+        counts = {k: v for k, v in known.items() if v is not None}
+        missing = [k for k in keys if k not in counts]
         if missing:
             rows = self._common_lexemes(cur, now) if estimates else {}
             # Far past the rare bound by the statistics: not counted at all (even a count that stops early
@@ -235,10 +240,8 @@ class BigScopes:
                 fresh.update(found)
             counts.update(fresh)
             with self._sizes_lock:
-                if len(self._counts) > 100_000:  # bounded, as the sizes
-                    self._counts.clear()
                 for k, c in fresh.items():
-                    self._counts[(org, assignment, k, estimates)] = (c, now)
+                    self._counts[(org, assignment, k, estimates)] = c
         return [counts[k] for k in keys]
 
     def _common_lexemes(self, cur: psycopg.Cursor[Any], now: float) -> dict[int, float]:

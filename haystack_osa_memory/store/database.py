@@ -258,7 +258,7 @@ def check_idle_connection(conn: psycopg.Connection[Any]) -> None:
 def get_pool(conn_str: str, config: MemoryConfig | None = None) -> ConnectionPool:
     """A process-wide pool per connection string (thread-safe; connections checked on checkout)."""
     cfg = config or MemoryConfig()
-    key = (conn_str, cfg.statement_timeout_ms, cfg.pool_timeout)
+    key = _pool_key(conn_str, cfg)
     with _pools_lock:
         pool = _pools.get(key)
         if pool is None or pool.closed:
@@ -275,6 +275,41 @@ def get_pool(conn_str: str, config: MemoryConfig | None = None) -> ConnectionPoo
             )
             _pools[key] = pool
         return pool
+
+
+def _pool_key(conn_str: str, config: MemoryConfig | None) -> tuple[str, int, float]:
+    cfg = config or MemoryConfig()
+    return (conn_str, cfg.statement_timeout_ms, cfg.pool_timeout)
+
+
+#: How many holders (`MemoryStore` objects in use) each pool has: `release_pool` closes it with the last.
+_holders: dict[tuple[str, int, float], int] = {}
+
+
+def hold_pool(conn_str: str, config: MemoryConfig | None = None) -> None:
+    """Count one more holder of the pool of ``conn_str`` (opened on first use by `get_pool`)."""
+    key = _pool_key(conn_str, config)
+    with _pools_lock:
+        _holders[key] = _holders.get(key, 0) + 1
+
+
+def release_pool(conn_str: str, config: MemoryConfig | None = None) -> bool:
+    """Count one holder less; with the last one gone, close the pool. Returns whether it was closed.
+
+    A later `get_pool` for the same connection opens a fresh pool, so callers that never held it (the
+    module functions that take a connection string) keep working.
+    """
+    key = _pool_key(conn_str, config)
+    with _pools_lock:
+        left = _holders.get(key, 0) - 1
+        if left > 0:
+            _holders[key] = left
+            return False
+        _holders.pop(key, None)
+        pool = _pools.pop(key, None)
+    if pool is not None:
+        pool.close()
+    return pool is not None
 
 
 def close_pools() -> None:

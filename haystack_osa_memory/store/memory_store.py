@@ -9,14 +9,23 @@ A store built from a `MemoryConfig` whose connection string was given in code (o
 database's URI, which is never exported to the environment) holds it as a `ConnectionSecret`: used in
 this process, serialised as the environment variable `CONNECTION_ENV`. A saved pipeline never holds the
 value; whoever loads it sets ``PG_CONN_STR`` to the database it should reach.
+
+The store owns its connection pool: it holds the pool from its first database use and lets go of it in
+:meth:`MemoryStore.close` (or at the end of a ``with`` block); close a store when done with it.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import threading
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 from haystack import default_from_dict, default_to_dict
 from haystack.utils import Secret, deserialize_secrets_inplace
@@ -24,9 +33,16 @@ from haystack.utils.auth import EnvVarSecret
 
 from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.errors import ConfigurationError
+from haystack_osa_memory.store import database
 from haystack_osa_memory.store.facts import FactRepository
 from haystack_osa_memory.store.lifecycle import LifecycleRepository
+from haystack_osa_memory.store.sizing import BufferFit, buffer_fit, count_facts
 from haystack_osa_memory.store.tokens import TokenStore
+
+if TYPE_CHECKING:  # the schema module is imported when the check runs (start-up time)
+    import psycopg
+
+    from haystack_osa_memory.store.schema import SchemaState
 
 #: The environment variable a serialised store names for its connection string.
 CONNECTION_ENV = "PG_CONN_STR"
@@ -74,8 +90,38 @@ STORE_FIELDS = (
     "scope_cache_facts",
 )
 
+#: Guards each store's hold on its pool (taken once, released once).
+_holding_lock = threading.Lock()
+
 #: The defaults of those fields: `MemoryConfig`'s own.
 _DEFAULTS: dict[str, Any] = {name: MemoryConfig.model_fields[name].get_default() for name in STORE_FIELDS}
+
+
+#: The release from which the database components require ``store=``.
+STORE_REQUIRED_FROM = "0.2.0"
+
+
+def store_from_environment(component: str) -> MemoryStore:
+    """The store a database component built without ``store=`` falls back to (`MemoryStore()`, reading
+    ``PG_CONN_STR`` on first use), with a `DeprecationWarning` naming the new form.
+
+    The warning points at the first caller outside this package and Haystack (the code that built the
+    component or loaded the pipeline).
+    """
+    level, frame = 1, sys._getframe(0)
+    while frame.f_back is not None and str(frame.f_globals.get("__name__", "")).split(".")[0] in _INTERNAL:
+        frame, level = frame.f_back, level + 1
+    warnings.warn(
+        f"{component} without store= is deprecated and stops loading in {STORE_REQUIRED_FROM}: pass "
+        f"store=MemoryStore(...) ({component}(store=MemoryStore()) reads PG_CONN_STR as before; in YAML, "
+        "a `store:` block of type haystack_osa_memory.store.memory_store.MemoryStore in its init_parameters)",
+        DeprecationWarning,
+        stacklevel=level,
+    )
+    return MemoryStore()
+
+
+_INTERNAL = frozenset({"haystack_osa_memory", "haystack"})
 
 
 class MemoryStore:
@@ -88,7 +134,18 @@ class MemoryStore:
 
     store = MemoryStore(connection_string=Secret.from_env_var("PG_CONN_STR"), chunk_table="kb_chunks")
     retriever = ScopedMemoryRetriever(store=store, top_k=8)
+    ...
+    store.close()  # or: with MemoryStore(...) as store: ...
     ```
+
+    The store is the one owner of its database connections: its repositories (`facts`, `lifecycle`,
+    `tokens`), :meth:`reading`, :meth:`transaction`, :meth:`count_facts`, :meth:`buffer_fit` and
+    :meth:`check_schema` all act through it. Pools stay keyed by connection string and timeouts, as
+    `haystack_osa_memory.store.database` keeps them, and are reference-counted: a store holds its pool
+    from its first use until :meth:`close`, and the pool closes when the last store holding it does. Two
+    stores on one database therefore share a pool, and closing one never cuts the other's connections
+    (closing the pool under them would fail their operations in flight). A closed store may be used
+    again: it then holds the pool anew.
     """
 
     def __init__(
@@ -143,6 +200,8 @@ class MemoryStore:
         except ValueError as e:
             msg = f"invalid MemoryStore settings: {e}"
             raise ConfigurationError(msg) from None
+        #: The connection string whose pool this store holds (`database.hold_pool`), or None.
+        self._holding: str | None = None
 
     @classmethod
     def from_config(cls, config: MemoryConfig, connection_string: Secret | None = None) -> MemoryStore:
@@ -190,20 +249,80 @@ class MemoryStore:
             return None
         return str(value) if value else None
 
+    def _hold(self) -> str:
+        """The resolved connection string, its pool held by this store from now until :meth:`close`."""
+        conn_str = self.conn_str
+        with _holding_lock:
+            if self._holding is None:
+                database.hold_pool(conn_str, self.config)
+                self._holding = conn_str
+            return self._holding
+
     @cached_property
     def facts(self) -> FactRepository:
         """Governing rows and chunks: atomic writes, scoped reads, ACL lookups."""
-        return FactRepository(self.conn_str, self.config)
+        return FactRepository(self._hold(), self.config)
 
     @cached_property
     def lifecycle(self) -> LifecycleRepository:
         """Reads, feedback, review, forget, kill switches, audit."""
-        return LifecycleRepository(self.conn_str, self.config)
+        return LifecycleRepository(self._hold(), self.config)
 
     @cached_property
     def tokens(self) -> TokenStore:
         """Bearer tokens."""
-        return TokenStore(self.conn_str, self.config)
+        return TokenStore(self._hold(), self.config)
+
+    @contextmanager
+    def reading(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection of this store on which each statement commits on its own (reads only:
+        `database.read`). Database failures become `DatabaseError`."""
+        with database.read(self._hold(), self.config) as conn:
+            yield conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection of this store inside one transaction (`database.transaction`). Database
+        failures become `DatabaseError`."""
+        with database.transaction(self._hold(), self.config) as conn:
+            yield conn
+
+    def count_facts(self) -> dict[str, int]:
+        """Facts, assignments with facts, governing rows and chunks in the knowledge base (`sizing.count_facts`)."""
+        return count_facts(self._hold(), self.config)
+
+    def buffer_fit(self) -> BufferFit:
+        """The recall rows beside the server's shared buffers (`sizing.buffer_fit`)."""
+        return buffer_fit(self._hold(), self.config)
+
+    def check_schema(self) -> SchemaState:
+        """Check, changing nothing, that the database's schema is the one this package expects
+        (`schema.check_schema`; a direct connection, not a pooled one, to see the real failure).
+
+        :raises SchemaError: not initialised, behind, ahead, or not matching the store's settings.
+        :raises DatabaseError: the database could not be read.
+        """
+        from haystack_osa_memory.store.schema import check_schema
+
+        return check_schema(self.conn_str, self.config)
+
+    def close(self) -> None:
+        """Let go of the connection pool (closed when no other store on the same database holds it) and
+        of the repositories built on it. Idempotent; the store may be used again afterwards."""
+        with _holding_lock:
+            held, self._holding = self._holding, None
+        for name in ("facts", "lifecycle", "tokens"):
+            self.__dict__.pop(name, None)
+        if held is not None:
+            database.release_pool(held, self.config)
+
+    def __enter__(self) -> MemoryStore:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
 
     def to_dict(self) -> dict[str, Any]:
         """Serialise (the connection string as its secret's reference, never its value).

@@ -102,3 +102,35 @@ def test_status_command_reports_shared_buffers_and_recall_rows(pg_conn_str: str,
     fit = buffer_fit(pg_conn_str, config)
     assert data["shared_buffers"] == fit.shared_buffers
     assert data["recall_rows_mb"] == round(fit.recall_rows_bytes / 2**20, 1)
+
+
+def test_store_counts_checks_and_reads_on_its_own_pool(config: MemoryConfig, memory: Memory, alice: Caller) -> None:
+    from haystack_osa_memory import MemoryStore
+    from haystack_osa_memory.store.database import get_pool
+    from haystack_osa_memory.store.schema import SCHEMA_VERSION
+
+    memory.store("the release train leaves on Tuesdays", caller=alice)
+    with MemoryStore.from_config(config) as store:
+        counts = store.count_facts()
+        assert (counts["facts"], counts["assignments"], counts["chunks"]) == (1, 1, 1)
+        assert store.check_schema().version == SCHEMA_VERSION
+        assert store.buffer_fit().recall_rows_bytes > 0
+        with store.transaction() as conn:
+            row = conn.execute("SELECT txid_current_if_assigned() IS NULL, now() = statement_timestamp()").fetchone()
+        assert row == (True, False)  # inside BEGIN ... COMMIT: now() is the transaction's start
+        with store.reading() as conn:  # each statement commits on its own: its own implicit transaction
+            assert conn.execute("SELECT now() = statement_timestamp()").fetchone() == (True,)
+        pool = get_pool(store.conn_str, store.config)
+    # The memory's store holds the same pool: closing this store left it open, and memory goes on.
+    assert not pool.closed
+    assert memory.recall("release train", caller=alice)["facts"]
+    held = memory.kb
+    memory.close()
+    memory.close()  # idempotent
+    assert memory.kb is None
+    assert held is not None
+    assert held._holding is None  # its store let go of the pool
+    assert memory.recall("release train", caller=alice)["facts"]  # a later call warms up again
+    assert memory.kb is not None
+    assert memory.kb is not held
+    memory.close()

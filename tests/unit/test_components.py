@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
 
 import pytest
+import yaml
 from haystack import Document, Pipeline, component
 from haystack.components.embedders import MockTextEmbedder
 from haystack.utils import Secret
@@ -100,7 +102,7 @@ class TestScopeMarkerStripper:
 
 class TestGoverningRowAclFilter:
     def test_init_default(self) -> None:
-        f = GoverningRowAclFilter()
+        f = GoverningRowAclFilter(store=MemoryStore())
         assert f.audiences == ["customer"]
         assert f.admitted_statuses == ["approved"]
 
@@ -132,7 +134,7 @@ class TestGoverningRowAclFilter:
         from haystack_osa_memory import AclLookupError
 
         monkeypatch.setenv("PG_CONN_STR", "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1")
-        f = GoverningRowAclFilter()
+        f = GoverningRowAclFilter(store=MemoryStore())
         with pytest.raises(AclLookupError, match="no document admitted"):
             f.run(documents=[Document(content="x", meta={"document_id": "d"})], org_id="acme")
 
@@ -160,7 +162,7 @@ class TestGovernedFactWriter:
 
     def test_unpaired_rows_refused_before_any_write(self) -> None:
         with pytest.raises(InvalidInputError, match="exactly one governing row"):
-            GovernedFactWriter().run(documents=[Document(id="a", content="x")], governing_rows=[])
+            GovernedFactWriter(store=MemoryStore()).run(documents=[Document(id="a", content="x")], governing_rows=[])
 
     def test_wrong_embedding_dimension_refused(self) -> None:
         with pytest.raises(InvalidInputError, match="dimensions"):
@@ -207,7 +209,7 @@ class TestGuardedTextEmbedder:
         pipe = Pipeline()
         embedder = MockTextEmbedder(dimension=8)
         pipe.add_component("embed", GuardedTextEmbedder(embedder=embedder) if sender == "guard" else embedder)
-        pipe.add_component("retrieve", ScopedMemoryRetriever())
+        pipe.add_component("retrieve", ScopedMemoryRetriever(store=MemoryStore()))
         pipe.connect("embed.embedding", "retrieve.query_embedding")  # raises when the types do not match
         assert pipe.graph.has_edge("embed", "retrieve")
 
@@ -273,3 +275,111 @@ class TestPipelinesYaml:
         text = build_store_pipeline(MemoryConfig()).dumps()
         with pytest.raises(DeserializationError):
             Pipeline.loads(text)
+
+
+DATABASE_COMPONENTS = [GovernedFactWriter, GoverningRowAclFilter, ScopedMemoryRetriever]
+
+
+class TestStoreRequired:
+    """The database components take ``store=``; without it they still load, on the environment's store, warning."""
+
+    @pytest.mark.parametrize("cls", DATABASE_COMPONENTS, ids=lambda c: c.__name__)
+    def test_without_store_warns_and_falls_back_to_the_environment(
+        self, cls: type[Any], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setenv("PG_CONN_STR", "postgresql://someone@db.example/kb")
+        with pytest.warns(DeprecationWarning, match=rf"{cls.__name__} without store= is deprecated.*store=MemoryStore"):
+            built = cls()
+        assert built.store == MemoryStore()
+        assert built.store.conn_str == "postgresql://someone@db.example/kb"
+        # It serialises with the store it fell back to: the saved form loads without a warning.
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            restored = cls.from_dict(built.to_dict())
+        assert restored.store == built.store
+
+    @pytest.mark.parametrize("cls", DATABASE_COMPONENTS, ids=lambda c: c.__name__)
+    def test_with_store_does_not_warn(self, cls: type[Any]) -> None:
+        store = MemoryStore(chunk_table="kb_chunks")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            built = cls(store=store)
+            cls.from_dict(built.to_dict())
+        assert built.store is store
+
+    @pytest.mark.parametrize("cls", DATABASE_COMPONENTS, ids=lambda c: c.__name__)
+    def test_a_dict_without_store_loads_with_the_warning(self, cls: type[Any]) -> None:
+        data = cls(store=MemoryStore(kb_schema="kb")).to_dict()
+        del data["init_parameters"]["store"]
+        with pytest.warns(DeprecationWarning, match=rf"{cls.__name__} without store= is deprecated"):
+            loaded = cls.from_dict(data)
+        assert loaded.store == MemoryStore()
+
+    def test_a_yaml_pipeline_without_store_loads_with_the_warning(self) -> None:
+        text = build_recall_pipeline(MemoryConfig()).dumps()
+        data = yaml.safe_load(text)
+        for name in ("retrieve", "acl"):
+            del data["components"][name]["init_parameters"]["store"]
+        with pytest.warns(DeprecationWarning, match="without store= is deprecated") as caught:
+            loaded = Pipeline.loads(yaml.safe_dump(data), allowed_modules=ALLOWED_MODULES)
+        named = sorted(str(w.message).split(" ", 1)[0] for w in caught if w.category is DeprecationWarning)
+        assert named == ["GoverningRowAclFilter", "ScopedMemoryRetriever"]
+        assert loaded.get_component("retrieve").store == MemoryStore()  # type: ignore[attr-defined]
+
+    def test_acl_filter_without_store_still_reads_the_environments_database(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from haystack_osa_memory import AclLookupError
+
+        monkeypatch.setenv("PG_CONN_STR", "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1")
+        with pytest.deprecated_call():
+            f = GoverningRowAclFilter()
+        with pytest.raises(AclLookupError, match="no document admitted"):
+            f.run(documents=[Document(content="x", meta={"document_id": "d"})], org_id="acme")
+
+
+class TestStoreOwnsItsPool:
+    """`MemoryStore` holds its pool from its first use and lets go of it in ``close()`` / at the end of ``with``."""
+
+    # Its own connection string: stores of other tests that were never closed still hold theirs.
+    CONN = "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1&application_name=pool-owner-test"
+
+    def test_the_last_store_to_close_closes_the_shared_pool(self) -> None:
+        from haystack_osa_memory.store.database import get_pool
+
+        first = MemoryStore(connection_string=Secret.from_token(self.CONN), kb_schema="s_pool_a")
+        second = MemoryStore(connection_string=Secret.from_token(self.CONN), kb_schema="s_pool_b")
+        assert first.facts is first.facts  # both in use: both hold the pool
+        assert second.tokens is not None
+        pool = get_pool(self.CONN, first.config)
+        assert get_pool(self.CONN, second.config) is pool  # same database and timeouts: one pool
+        first.close()
+        assert not pool.closed  # the second store still holds it
+        assert "facts" not in first.__dict__  # repositories built on the pool are let go of too
+        first.close()  # idempotent: releases nothing twice
+        assert not pool.closed
+        second.close()
+        assert pool.closed
+        reopened = get_pool(self.CONN, first.config)
+        assert reopened is not pool
+        assert not reopened.closed
+        reopened.close()
+
+    def test_context_manager_closes_on_exit(self) -> None:
+        from haystack_osa_memory.store.database import get_pool
+
+        with MemoryStore(connection_string=Secret.from_token(self.CONN), statement_timeout_ms=1234) as store:
+            assert store.lifecycle is not None
+            pool = get_pool(self.CONN, store.config)
+            assert not pool.closed
+        assert pool.closed
+
+    def test_reading_hands_out_the_stores_pool(self) -> None:
+        from haystack_osa_memory import DatabaseError
+
+        with (
+            MemoryStore(connection_string=Secret.from_token(self.CONN), pool_timeout=0.5) as store,
+            pytest.raises(DatabaseError, match="did not answer"),
+            store.reading(),
+        ):
+            pass  # nothing answers on port 1: the pool's checkout times out
