@@ -459,7 +459,7 @@ def test_repeated_query_on_one_pooled_connection_does_not_degrade(kb: ScaledKb) 
     ids = [row[0] for row in runs[0]]
     assert len(ids) == len(set(ids)) == len(kb.targets)  # the scope's rows, each once
     _assert_in_scope(kb, ids)
-    _, _, _, cos, dl, terms, _ = zip(*runs[0], strict=True)
+    _, _, _, cos, dl, terms, _, _ = zip(*runs[0], strict=True)
     hits = rank_scope(cos, dl, terms, kb.repo.query_terms(t.crowded_query).hashes, RankingParams(k=K))
     assert t.document_id in [ids[h.row] for h in sorted(hits, key=lambda h: -h.fused)[:K]]
 
