@@ -34,7 +34,7 @@ from haystack_osa_memory.store.lifecycle import (
     count_scope_statement,
 )
 from haystack_osa_memory.store.memory_store import MemoryStore
-from haystack_osa_memory.store.schema import InitReport, SchemaState, ensure_schema, prepare_schema
+from haystack_osa_memory.store.schema import InitReport, SchemaState, ensure_schema
 
 # Re-exported: `memory` defined them before `supersession_suggestions` did.
 from haystack_osa_memory.supersession_suggestions import SUGGESTION_COSINE_MIN as SUGGESTION_COSINE_MIN
@@ -210,10 +210,11 @@ class Memory:
             self.conn_str = resolve_connection_string(self.config)
             if self.init_schema:
                 self.init_report = ensure_schema(self.conn_str, self.config)
-            self.schema, report = prepare_schema(self.conn_str, self.config)
-            self.init_report = self.init_report or report
             # The resolved string is used in this process; saved pipelines name PG_CONN_STR instead.
-            self.kb = MemoryStore.from_config(self.config.model_copy(update={"pg_conn_str": self.conn_str}))
+            kb = MemoryStore.from_config(self.config.model_copy(update={"pg_conn_str": self.conn_str}))
+            self.schema, report = kb.prepare_schema(embedded=self.config.pg_conn_str is None)
+            self.init_report = self.init_report or report
+            self.kb = kb
             if self.definitions is not None:
                 origin = self.definitions.origin
                 store = load_pipeline(self.definitions.store, config=self.config, store=self.kb, origin=origin)
@@ -752,12 +753,14 @@ class Memory:
         """Health for ``caller``: database state (`ok`, `unreachable`, `unauthorised`, `erroring`), pending
         buffered facts, embedder, scope and its fact count, version. Refuses when a kill switch is off."""
         from haystack_osa_memory import __version__
-        from haystack_osa_memory.store.database import probe
 
         if not self.config.enabled:
             raise MemoryOffError()
-        conn_str = self.conn_str or resolve_connection_string(self.config)
-        state, detail = probe(conn_str, self.config, count_scope_statement(self.config), _scope_params(caller))
+        # Before warm-up (the database may be away), a store of its own: a probe holds no pool.
+        kb = self.kb or MemoryStore.from_config(
+            self.config.model_copy(update={"pg_conn_str": self.conn_str or resolve_connection_string(self.config)})
+        )
+        state, detail = kb.probe(count_scope_statement(self.config), _scope_params(caller))
         facts: int | None = None
         if state == "unreachable" and self.offline.switches.known_off(caller):
             raise MemoryOffError()

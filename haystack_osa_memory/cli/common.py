@@ -19,6 +19,7 @@ from haystack_osa_memory.errors import OsaMemoryError
 if TYPE_CHECKING:  # the store is imported by the commands that use it (start-up time)
     from haystack_osa_memory.memory import Memory
     from haystack_osa_memory.store.lifecycle import LifecycleRepository
+    from haystack_osa_memory.store.memory_store import MemoryStore
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -60,11 +61,12 @@ def connect(config: MemoryConfig) -> str:
     """Reach the database and check its schema version (no DDL: only `init` changes the schema)."""
     from haystack_osa_memory.errors import SchemaError
     from haystack_osa_memory.store.database import resolve_connection_string
-    from haystack_osa_memory.store.schema import prepare_schema
+    from haystack_osa_memory.store.memory_store import MemoryStore
 
     try:
         conn = resolve_connection_string(config)
-        prepare_schema(conn, config)
+        with MemoryStore.from_config(config.model_copy(update={"pg_conn_str": conn})) as store:
+            store.prepare_schema(embedded=config.pg_conn_str is None)
     except SchemaError as e:
         fail(str(e))
     except OsaMemoryError as e:
@@ -72,6 +74,13 @@ def connect(config: MemoryConfig) -> str:
     except Exception as e:
         fail(f"could not start or reach the database: {type(e).__name__}: {e}")
     return conn
+
+
+def open_store(config: MemoryConfig) -> MemoryStore:
+    """The `MemoryStore` of the checked database (`connect`); close it when done (``with``)."""
+    from haystack_osa_memory.store.memory_store import MemoryStore
+
+    return MemoryStore.from_config(config.model_copy(update={"pg_conn_str": connect(config)}))
 
 
 def emit(data: Any, as_json: bool) -> None:

@@ -85,18 +85,20 @@ def serve(
         install_log_scrubbing,
     )
     from haystack_osa_memory.store.database import stop_embedded
-    from haystack_osa_memory.store.schema import check_schema
-    from haystack_osa_memory.store.tokens import TokenStore
+    from haystack_osa_memory.store.memory_store import MemoryStore
 
     exit_on_sigterm()  # before the database starts: a SIGTERM at any point must still stop it
     install_log_scrubbing(log_level)  # before anything logs: settings and database errors are scrubbed too
     metrics_endpoint = None
     guard = None
+    store: MemoryStore | None = None
     try:
         config = load_config(data_dir)
         # Before the app loads or any worker starts: they inherit the metrics folder it exports.
         metrics_endpoint = _serve_metrics(host, metrics_port, port, config)
         conn = connect(config)
+        # The server's own store (tokens, schema checks) for as long as it serves.
+        store = MemoryStore.from_config(config.model_copy(update={"pg_conn_str": conn}))
         processes = workers or default_workers()
         _export_for_tools(config, data_dir, conn, pipelines_dir, processes)
         if not config.pg_conn_str:
@@ -108,17 +110,17 @@ def serve(
                 f"osa-memory MCP server on http://{host}:{port}/mcp ({processes} workers; data: {where})",
                 highlight=False,
             )
-            if config.pg_conn_str and not check_schema(conn, config).row_level_security:
+            if config.pg_conn_str and not store.check_schema().row_level_security:
                 err.print(f"note: {RLS_VISIBLE_WARNING}", highlight=False)
             _serve_workers(host, port, log_level, processes)
             return
-        tokens = TokenStore(conn, config)
+        tokens = store.tokens
         try:
             asgi = create_app(CachingVerifier(tokens, config.offline_grace), pipelines_dir)
         except Exception as e:
             fail(f"the MCP tools could not be loaded: {type(e).__name__}: {e}")
         err.print(f"osa-memory MCP server on http://{host}:{port}/mcp (data: {where})", highlight=False)
-        if config.pg_conn_str and not check_schema(conn, config).row_level_security:
+        if config.pg_conn_str and not store.check_schema().row_level_security:
             err.print(f"note: {RLS_VISIBLE_WARNING}", highlight=False)
         # uvicorn.Config sets up uvicorn's log handlers; the scrubber goes on them before anything is served.
         server = uvicorn.Server(uvicorn.Config(asgi, host=host, port=port, log_level=log_level))
@@ -129,6 +131,8 @@ def serve(
     finally:
         if metrics_endpoint is not None:
             metrics_endpoint.close()
+        if store is not None:
+            store.close()
         stop_embedded()
         if guard is not None:  # this process left the database cleanly: the guard has nothing to do
             stop_database_guard(guard)

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from haystack_osa_memory.cli.common import DataDir, JsonFlag, connect, emit, err, fail, load_config, or_fail, out
+from haystack_osa_memory.cli.common import DataDir, JsonFlag, emit, err, fail, load_config, open_store, or_fail, out
 
 app = typer.Typer(
     help="Create, list and revoke access tokens (each bound to one org and assignment).", no_args_is_help=True
@@ -38,7 +38,7 @@ def token_create(
     Agent tokens (the default) need `--assignment` (the first is the default). Reviewer and admin tokens
     name a person (`--name`) of one org, sign in to `osa-memory console` only and are refused on `/mcp`.
     """
-    from haystack_osa_memory.store.tokens import AGENT, ROLES, TokenStore, parse_duration
+    from haystack_osa_memory.store.tokens import AGENT, ROLES, parse_duration
 
     if role not in ROLES:
         fail(f"role {role!r} is not allowed: use one of {', '.join(ROLES)}")
@@ -51,7 +51,8 @@ def token_create(
     config = load_config(data_dir)
     with or_fail():
         lifetime = parse_duration(expires_in) if expires_in else None
-        tokens = TokenStore(connect(config), config)
+    with or_fail(), open_store(config) as store:
+        tokens = store.tokens
         if role != AGENT:
             person = tokens.create_person(org_id=org, role=role, name=name or "", expires_in=lifetime)
             token_id, token, expires_at = person.token_id, person.token, person.expires_at
@@ -96,11 +97,9 @@ def token_revoke(
     data_dir: DataDir = None,
 ) -> None:
     """Revoke a token: from now on it gets HTTP 401."""
-    from haystack_osa_memory.store.tokens import TokenStore
-
     config = load_config(data_dir)
-    with or_fail():
-        found = TokenStore(connect(config), config).revoke(token_id)
+    with or_fail(), open_store(config) as store:
+        found = store.tokens.revoke(token_id)
     if not found:
         fail(f"no token with id {token_id}: list them with `osa-memory token list`")
     out.print(f"revoked {token_id}")
@@ -109,11 +108,9 @@ def token_revoke(
 @app.command("list")
 def token_list(data_dir: DataDir = None, as_json: JsonFlag = False) -> None:
     """List tokens (ids, scopes, expiry; never secrets)."""
-    from haystack_osa_memory.store.tokens import TokenStore
-
     config = load_config(data_dir)
-    with or_fail():
-        rows = TokenStore(connect(config), config).list()
+    with or_fail(), open_store(config) as store:
+        rows = store.tokens.list()
     if as_json:
         emit(rows, True)
         return

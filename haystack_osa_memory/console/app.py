@@ -703,7 +703,10 @@ def _chart(days: list[dict[str, Any]]) -> dict[str, Any]:
 
 @page()
 async def health(request: Request, console: Console, session_id: str, me: ConsoleIdentity) -> Response:
-    state, detail = await run_in_threadpool(probe, console.conn_str, console.config)
+    if console.store is not None:
+        state, detail = await run_in_threadpool(console.store.probe)
+    else:
+        state, detail = await run_in_threadpool(probe, console.conn_str, console.config)
     counts = await run_in_threadpool(console.queries.assignments, me.org_id)
     waiting = await run_in_threadpool(console.queries.queue, me.org_id, QueueFilter(), None)
     days = await run_in_threadpool(console.queries.daily, me.org_id)
@@ -754,9 +757,9 @@ def create_console_app(conn_str: str, config: MemoryConfig, settings: ConsoleSet
         config=config,
         settings=settings,
         tokens=store.tokens,
-        sessions=ConsoleSessions(conn_str, config, idle=settings.idle, absolute=settings.absolute),
+        sessions=store.console_sessions(idle=settings.idle, absolute=settings.absolute),
         lifecycle=store.lifecycle,
-        queries=ConsoleQueries(conn_str, config),
+        queries=store.repository(ConsoleQueries),
         env=_environment(),
         limiter=RateLimiter(settings.signin_attempts, settings.signin_window_s),
         store=store,

@@ -758,14 +758,16 @@ def worker_app() -> ASGIApp:
     """
     from haystack_osa_memory.config import MemoryConfig
     from haystack_osa_memory.store.database import resolve_connection_string
-    from haystack_osa_memory.store.tokens import TokenStore
+    from haystack_osa_memory.store.memory_store import MemoryStore
 
     exit_with_parent()
     # uvicorn configured this worker's loggers before loading the app: its level is the one asked for.
     install_log_scrubbing(logging.getLogger("uvicorn.error").getEffectiveLevel())
     try:
         config = MemoryConfig.from_env()
-        tokens = TokenStore(resolve_connection_string(config), config)
+        # The worker's store (its tokens) lives as long as the worker process.
+        store = MemoryStore.from_config(config.model_copy(update={"pg_conn_str": resolve_connection_string(config)}))
+        tokens = store.tokens
         app = create_app(CachingVerifier(tokens, config.offline_grace), config.pipelines_dir)
     except Exception as e:
         logger.error("the MCP tools could not be loaded: %s: %s", type(e).__name__, e)

@@ -20,12 +20,12 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from haystack import default_from_dict, default_to_dict
 from haystack.utils import Secret, deserialize_secrets_inplace
@@ -37,12 +37,16 @@ from haystack_osa_memory.store import database
 from haystack_osa_memory.store.facts import FactRepository
 from haystack_osa_memory.store.lifecycle import LifecycleRepository
 from haystack_osa_memory.store.sizing import BufferFit, buffer_fit, count_facts
-from haystack_osa_memory.store.tokens import TokenStore
+from haystack_osa_memory.store.tokens import ConsoleSessions, TokenStore
 
 if TYPE_CHECKING:  # the schema module is imported when the check runs (start-up time)
+    from datetime import timedelta
+
     import psycopg
 
-    from haystack_osa_memory.store.schema import SchemaState
+    from haystack_osa_memory.store.schema import InitReport, SchemaState
+
+R = TypeVar("R")
 
 #: The environment variable a serialised store names for its connection string.
 CONNECTION_ENV = "PG_CONN_STR"
@@ -139,8 +143,9 @@ class MemoryStore:
     ```
 
     The store is the one owner of its database connections: its repositories (`facts`, `lifecycle`,
-    `tokens`), :meth:`reading`, :meth:`transaction`, :meth:`count_facts`, :meth:`buffer_fit` and
-    :meth:`check_schema` all act through it. Pools stay keyed by connection string and timeouts, as
+    `tokens`, :meth:`console_sessions`, any other built by :meth:`repository`), :meth:`reading`,
+    :meth:`transaction`, :meth:`count_facts`, :meth:`buffer_fit`, :meth:`check_schema`, :meth:`prepare_schema`
+    and :meth:`probe` all act through it. Pools stay keyed by connection string and timeouts, as
     `haystack_osa_memory.store.database` keeps them, and are reference-counted: a store holds its pool
     from its first use until :meth:`close`, and the pool closes when the last store holding it does. Two
     stores on one database therefore share a pool, and closing one never cuts the other's connections
@@ -273,6 +278,15 @@ class MemoryStore:
         """Bearer tokens."""
         return TokenStore(self._hold(), self.config)
 
+    def console_sessions(self, *, idle: timedelta, absolute: timedelta) -> ConsoleSessions:
+        """The review console's server-side sessions (`ConsoleSessions`) on this store's pool."""
+        return ConsoleSessions(self._hold(), self.config, idle=idle, absolute=absolute)
+
+    def repository(self, factory: Callable[[str, MemoryConfig], R]) -> R:
+        """A repository of a higher layer (``factory(conn_str, config)``, such as the console's
+        ``ConsoleQueries``) on this store's pool, held from now until :meth:`close`."""
+        return factory(self._hold(), self.config)
+
     @contextmanager
     def reading(self) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection of this store on which each statement commits on its own (reads only:
@@ -305,6 +319,27 @@ class MemoryStore:
         from haystack_osa_memory.store.schema import check_schema
 
         return check_schema(self.conn_str, self.config)
+
+    def prepare_schema(self, *, embedded: bool = False) -> tuple[SchemaState, InitReport | None]:
+        """What a server, `Memory` or a command runs at start (`schema.prepare_schema`): :meth:`check_schema`,
+        except that on the embedded default database (``embedded``, ours alone) a missing or older schema is
+        brought up to date first (the report of that, else ``None``).
+
+        :raises SchemaError: not initialised, behind, ahead, or not matching the store's settings (on a
+            database that is not the embedded one).
+        :raises DatabaseError: the database could not be read.
+        """
+        from haystack_osa_memory.store.schema import prepare_schema
+
+        conn_str = self.conn_str
+        # `schema.prepare_schema` takes a config without a connection string for the embedded database.
+        config = self.config.model_copy(update={"pg_conn_str": None if embedded else conn_str})
+        return prepare_schema(conn_str, config)
+
+    def probe(self, check_sql: Any = None, params: Any = None) -> tuple[str, str | None]:
+        """Connect directly (not through the pool, to see the real reason) and run one query
+        (`database.probe`): `ok`, `unreachable`, `unauthorised` or `erroring`, with the detail or None."""
+        return database.probe(self.conn_str, self.config, check_sql, params)
 
     def close(self) -> None:
         """Let go of the connection pool (closed when no other store on the same database holds it) and
