@@ -108,8 +108,9 @@ def open_memory(config: MemoryConfig) -> Memory:
     return Memory(config)
 
 
-def open_lifecycle(config: MemoryConfig) -> LifecycleRepository:
-    """The lifecycle repository (review, switches, history, audit) on the checked database."""
-    from haystack_osa_memory.store.lifecycle import LifecycleRepository
-
-    return LifecycleRepository(connect(config), config)
+@contextmanager
+def open_lifecycle(config: MemoryConfig) -> Iterator[LifecycleRepository]:
+    """The lifecycle repository (review, switches, history, audit) of the checked database's `MemoryStore`,
+    closed when the block ends."""
+    with open_store(config) as store:
+        yield store.lifecycle

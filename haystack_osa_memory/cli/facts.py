@@ -105,11 +105,11 @@ def history(
     config = load_config(data_dir)
     with or_fail():
         check_document_id(document_id)
-        lifecycle = open_lifecycle(config)
-        scope = lifecycle.find_scope(document_id)
-        if scope is None:
-            raise NotFoundError(f"no fact {document_id}")
-        versions = lifecycle.chain(scope, document_id)
+        with open_lifecycle(config) as lifecycle:
+            scope = lifecycle.find_scope(document_id)
+            if scope is None:
+                raise NotFoundError(f"no fact {document_id}")
+            versions = lifecycle.chain(scope, document_id)
     if as_json:
         emit({"org_id": scope.org_id, "assignment_id": scope.assignment_id, "versions": versions}, True)
         return
@@ -132,8 +132,8 @@ def audit(
 ) -> None:
     """Print the audit log: who changed what, when, on which fact."""
     config = load_config(data_dir)
-    with or_fail():
-        rows = open_lifecycle(config).audit(org_id=org, assignment_id=assignment, limit=limit)
+    with or_fail(), open_lifecycle(config) as lifecycle:
+        rows = lifecycle.audit(org_id=org, assignment_id=assignment, limit=limit)
     if as_json:
         emit(rows, True)
         return

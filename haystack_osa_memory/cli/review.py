@@ -31,8 +31,8 @@ def review_list(
 ) -> None:
     """List proposed and flagged facts waiting for a decision."""
     config = load_config(data_dir)
-    with or_fail():
-        rows = open_lifecycle(config).review_list(org, assignment)
+    with or_fail(), open_lifecycle(config) as lifecycle:
+        rows = lifecycle.review_list(org, assignment)
     if as_json:
         emit(rows, True)
         return
@@ -44,8 +44,8 @@ def review_list(
 
 def _review(document_id: str, accept: bool, note: str | None, data_dir: Path | None, as_json: bool) -> None:
     config = load_config(data_dir)
-    with or_fail():
-        result = open_lifecycle(config).review(document_id, accept=accept, actor=operator_actor(), note=note)
+    with or_fail(), open_lifecycle(config) as lifecycle:
+        result = lifecycle.review(document_id, accept=accept, actor=operator_actor(), note=note)
     if as_json:
         emit(result, True)
     else:

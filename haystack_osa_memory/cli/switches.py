@@ -22,7 +22,8 @@ def _switch(org: str, assignment: str, enabled: bool, reason: str | None, data_d
         for value, what in ((org, "org"), (assignment, "assignment")):
             if value != WILDCARD:
                 check_identifier(value, what)
-        open_lifecycle(config).set_switch(org, assignment, enabled=enabled, actor=operator_actor(), reason=reason)
+        with open_lifecycle(config) as lifecycle:
+            lifecycle.set_switch(org, assignment, enabled=enabled, actor=operator_actor(), reason=reason)
     scope = f"org {org}" if assignment == WILDCARD else f"assignment {assignment} (org {org})"
     out.print(f"memory {'on' if enabled else 'off'} for {scope}")
 
