@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from itertools import compress
 from typing import Any, NamedTuple
 
 from psycopg import sql
@@ -125,8 +124,7 @@ def exact_hits(
     (`context_kept`)."""
     if not rows:
         return []
-    if not all(r[6] for r in rows):
-        rows = list(compress(rows, context_kept([r[7] for r in rows], [r[6] for r in rows])))
+    rows = context_kept(rows, seq_at=7, scored_at=6)
     document_ids, chunk_ids, expires, cos, dl, terms, scored, _ = zip(*rows, strict=True)
     ranked = rank_scope(
         cos, dl, terms, query_terms, ranking, scored=None if all(scored) else scored, boost_terms=boost_terms

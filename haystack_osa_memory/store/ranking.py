@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -218,12 +218,18 @@ class ScopeStats:
     df: Sequence[float]
 
 
-def context_kept(seqs: Sequence[int], scored: Sequence[bool]) -> list[bool]:
-    """Which rows to rank, of rows read in storing order: every scored row, and each row only lending context
-    (unscored) unless a scored row stands in its place (the same ``seq``: an observation takes the place of
-    its earliest evidence, whose text it holds)."""
-    taken = {q for q, s in zip(seqs, scored, strict=True) if s}
-    return [s or q not in taken for q, s in zip(seqs, scored, strict=True)]
+R = TypeVar("R", bound=Sequence[Any])
+
+
+def context_kept(rows: Sequence[R], seq_at: int, scored_at: int) -> Sequence[R]:
+    """The rows to rank, of rows read in storing order (``seq_at``, ``scored_at``: the positions of each row's
+    ``seq`` and scored flag): every scored row, and each row only lending context (unscored) unless a scored
+    row stands in its place (the same ``seq``: an observation takes the place of its earliest evidence, whose
+    text it holds). ``rows`` itself when every row is scored."""
+    if all(r[scored_at] for r in rows):
+        return rows
+    taken = {r[seq_at] for r in rows if r[scored_at]}
+    return [r for r in rows if r[scored_at] or r[seq_at] not in taken]
 
 
 def rank_scope(

@@ -37,7 +37,6 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -209,8 +208,7 @@ class HeldScope:
         """Rows of `SCOPE_ROWS_AFTER` (id, expires_at, seq, vector bytes, dl, terms, scored), in storing order."""
         if not rows:
             return
-        if not all(r[6] for r in rows):
-            rows = list(compress(rows, context_kept([r[2] for r in rows], [r[6] for r in rows])))
+        rows = context_kept(rows, seq_at=2, scored_at=6)
         n, m = len(self), len(rows)
         if n + m > self._unit.shape[0]:
             grown = np.zeros((max(2 * self._unit.shape[0], n + m, 64), self.dimension), dtype=np.float32)
