@@ -76,6 +76,7 @@ def serve(
 
     import uvicorn
 
+    from haystack_osa_memory.mcp.forked_workers import freeze_heap, preload
     from haystack_osa_memory.mcp.guard import start_database_guard, stop_database_guard
     from haystack_osa_memory.mcp.server import (
         CachingVerifier,
@@ -112,6 +113,12 @@ def serve(
             )
             if config.pg_conn_str and not store.check_schema().row_level_security:
                 err.print(f"note: {RLS_VISIBLE_WARNING}", highlight=False)
+            try:
+                # Once here, shared by the forked workers (haystack_osa_memory.mcp.forked_workers).
+                preload(config)
+            except Exception as e:
+                err.print(f"the MCP tools could not be loaded: {type(e).__name__}: {e}", highlight=False)
+                raise typer.Exit(3) from None
             _serve_workers(host, port, log_level, processes)
             return
         tokens = store.tokens
@@ -119,6 +126,7 @@ def serve(
             asgi = create_app(CachingVerifier(tokens, config.offline_grace), pipelines_dir)
         except Exception as e:
             fail(f"the MCP tools could not be loaded: {type(e).__name__}: {e}")
+        freeze_heap()  # the app and its models live as long as the process: out of the collector's way
         err.print(f"osa-memory MCP server on http://{host}:{port}/mcp (data: {where})", highlight=False)
         if config.pg_conn_str and not store.check_schema().row_level_security:
             err.print(f"note: {RLS_VISIBLE_WARNING}", highlight=False)
@@ -145,6 +153,8 @@ def _serve_workers(host: str, port: int, log_level: str, processes: int) -> None
     from uvicorn.config import STARTUP_FAILURE
     from uvicorn.supervisors import Multiprocess
 
+    from haystack_osa_memory.mcp.forked_workers import forking_workers
+
     config = uvicorn.Config(
         "haystack_osa_memory.mcp.server:worker_app",
         factory=True,
@@ -167,7 +177,8 @@ def _serve_workers(host: str, port: int, log_level: str, processes: int) -> None
 
     supervisor = Supervisor(config, sockets=[sock])
     try:
-        supervisor.run()
+        with forking_workers():
+            supervisor.run()
     finally:
         sock.close()
     if any(p.process.exitcode == STARTUP_FAILURE for p in supervisor.processes):

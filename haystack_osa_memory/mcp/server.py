@@ -757,6 +757,7 @@ def worker_app() -> ASGIApp:
     the parent instead of restarting the worker forever.
     """
     from haystack_osa_memory.config import MemoryConfig
+    from haystack_osa_memory.mcp.forked_workers import freeze_heap
     from haystack_osa_memory.store.database import resolve_connection_string
     from haystack_osa_memory.store.memory_store import MemoryStore
 
@@ -772,6 +773,7 @@ def worker_app() -> ASGIApp:
     except Exception as e:
         logger.error("the MCP tools could not be loaded: %s: %s", type(e).__name__, e)
         raise SystemExit(3) from None  # uvicorn's STARTUP_FAILURE
+    freeze_heap()  # the app lives as long as the worker: out of the collector's way
     return app
 
 

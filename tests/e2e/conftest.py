@@ -35,6 +35,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def serve_workers(pid: int) -> list[Any]:
+    """The worker processes of the `serve` process ``pid``: forked from it, so they run its command line
+    (the database guard and PostgreSQL run their own)."""
+    import psutil  # type: ignore[import-untyped]
+
+    parent = psutil.Process(pid)
+    return [p for p in parent.children() if p.cmdline() == parent.cmdline()]
+
+
 def env_for(config: MemoryConfig, pg_conn_str: str, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(

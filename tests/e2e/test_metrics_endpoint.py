@@ -26,10 +26,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from haystack_osa_memory.embedders import minilm_installed
-from haystack_osa_memory.mcp.metrics import ENV_DIR
 from haystack_osa_memory.store.schema import ensure_schema
 from tests.conftest import drop_schema, new_schema_config
-from tests.e2e.conftest import OSA_MEMORY, Server, call, env_for, free_port, wait_for_status
+from tests.e2e.conftest import OSA_MEMORY, Server, call, env_for, free_port, serve_workers, wait_for_status
 from tests.unit.test_metrics import sample
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
@@ -241,13 +240,17 @@ def total(text: str, name: str) -> float:
 
 def test_a_killed_worker_keeps_its_counts_and_leaves_the_gauges(metrics_server: MetricsServer) -> None:
     assert metrics_server.proc is not None
-    workers = [p for p in psutil.Process(metrics_server.proc.pid).children() if "spawn_main" in " ".join(p.cmdline())]
+    workers = serve_workers(metrics_server.proc.pid)
     if metrics_server.workers == 1:
         assert workers == []  # one process: `serve` itself answers and counts; there is no worker to kill
         return
     assert len(workers) == metrics_server.workers
-    folder = Path(workers[0].environ()[ENV_DIR])
     victim = workers[0]
+    # A forked worker's /proc environ is the one `serve` was started with, without the folder it exported:
+    # the folder is where the worker's metric files are mapped.
+    mapped = [Path(m.path) for m in victim.memory_maps() if m.path.endswith(f"_{victim.pid}.db")]
+    assert mapped, "the worker maps no metric file of its own"
+    folder = mapped[0].parent
     assert list(folder.glob(f"gauge_live*_{victim.pid}.db"))  # its pool gauges count while it runs
     calls = total(metrics_server.scrape(), "osa_memory_tool_duration_seconds_count")
 

@@ -21,7 +21,7 @@ from psycopg import sql
 
 from haystack_osa_memory.store.schema import ensure_schema
 from tests.conftest import drop_schema, new_schema_config
-from tests.e2e.conftest import Server, call
+from tests.e2e.conftest import Server, call, serve_workers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
@@ -154,12 +154,12 @@ def test_the_same_fact_stored_through_both_at_once_is_one_row(pair: tuple[Server
 
 
 def test_each_process_runs_two_workers(pair: tuple[Server, Server]) -> None:
+    """Two workers each, forked from their `serve` process (which loaded the models they share)."""
     import psutil
 
     for server in pair:
         assert server.proc is not None
-        children = [p for p in psutil.Process(server.proc.pid).children() if "postgres" not in p.name()]
-        workers = [p for p in children if "spawn_main" in " ".join(p.cmdline())]
-        assert len(workers) == 2, [p.cmdline() for p in children]
+        workers = serve_workers(server.proc.pid)
+        assert len(workers) == 2, [p.cmdline() for p in psutil.Process(server.proc.pid).children()]
     logs = [Path(server.log).read_text(errors="replace") for server in pair]
     assert not any("Traceback" in log for log in logs), logs
