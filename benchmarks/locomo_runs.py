@@ -21,6 +21,7 @@ from benchmarks.harness import latency_summary
 from benchmarks.locomo_data import Conversation, Turn, aggregate, question_metrics
 from haystack_osa_memory import Memory, MemoryConfig, MiniLMDocumentEmbedder
 from haystack_osa_memory.builders import build_recall_pipeline, build_store_pipeline
+from haystack_osa_memory.config import Precision
 from haystack_osa_memory.embedders import build_embedders
 from haystack_osa_memory.store.schema import ensure_schema
 
@@ -114,7 +115,9 @@ def variant_embedders(config: MemoryConfig, variant: Variant) -> tuple[Any | Non
     doc_embedder, text_embedder = build_embedders(config)
     if doc_embedder is None or variant.embed_context <= 0:
         return doc_embedder, text_embedder
-    contextual = MiniLMDocumentEmbedder(model=doc_embedder.model, meta_fields_to_embed=["context"])
+    contextual = MiniLMDocumentEmbedder(
+        model=doc_embedder.model, meta_fields_to_embed=["context"], precision=doc_embedder.precision
+    )
     return contextual, text_embedder
 
 
@@ -174,12 +177,14 @@ def store_all(
     embedders: tuple[Any | None, Any | None] | None = None,
     *,
     through_memory: bool = False,
+    document_precision: Precision | None = None,
 ) -> StoredBase:
     """Store every turn through our store pipeline, in batches, into a fresh schema; with ``through_memory``,
     one turn per `Memory.store` call instead, as an agent stores through ``kb_memory_store`` (each store also
     searches for the facts it may replace and notes them, `possibly_supersedes`).
 
     ``embedders``: (document, text) embedders to use instead of the variant's (benchmarks/embedders.py).
+    ``document_precision``: the configuration's `document_precision` (else its default).
     """
     schema = "locomo_" + uuid.uuid4().hex[:10]
     config = MemoryConfig(
@@ -188,6 +193,8 @@ def store_all(
         memory_schema=schema,
         embedder="minilm" if variant.embedder == "minilm" else "none",
     )
+    if document_precision is not None:
+        config = config.model_copy(update={"document_precision": document_precision})
     ensure_schema(conn_str, config)
     doc_embedder, text_embedder = embedders if embedders is not None else variant_embedders(config, variant)
     dia_ids: dict[str, dict[str, frozenset[str]]] = {}

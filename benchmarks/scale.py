@@ -95,16 +95,16 @@ indexes of ``osa_fact_terms`` instead (the *big-scope path*). This mode measures
 grows through ``--scope-sizes`` (default 1,000, 10,000 and 100,000 facts; ``--facts-per-assignment N`` alone
 means the default sizes below N, then N), instead of the design comparison:
 
-- ``--chunks`` customer chunks are COPY-loaded as above; ``--assignments`` assignments of one org (default
-  2: only the assignment id tells the scopes apart) grow together, batch by batch in turn, through
-  ``Memory.import_items`` with the real bundled MiniLM (``MiniLMDocumentEmbedder``, float32, the product's
-  forward batches of 8 inside import batches of 64). The first assignment is measured; the others store the
-  same texts in their own scopes (embedded once: ``CachingDocumentEmbedder``), so the table's HNSW and GIN
-  indexes hold other scopes' near neighbours. Facts are template facts on Zipf-popular topics with distinct
-  details (a ticket code used once, a person, a team, a place, a day, a month, an hour). A progress bar is
-  shown while storing (a line per tenth when the output is not a terminal). After each growth the tables are
-  vacuumed and analyzed (as autovacuum would soon after such an import) and the measured scope must hold one
-  usable recall row per fact.
+- ``--chunks`` customer chunks are COPY-loaded as above; ``--assignments`` assignments of one org (default 2:
+  only the assignment id tells the scopes apart) grow together, batch by batch in turn, through
+  ``Memory.import_items`` with the real bundled MiniLM (``MiniLMDocumentEmbedder`` in the configuration's
+  ``document_precision``: float32 by default, the product's forward batches of 8 inside import batches of 64).
+  The first assignment is measured; the others store the same texts in their own scopes (embedded once:
+  ``CachingDocumentEmbedder``), so the table's HNSW and GIN indexes hold other scopes' near neighbours. Facts are
+  template facts on Zipf-popular topics with distinct details (a ticket code used once, a person, a team, a
+  place, a day, a month, an hour). A progress bar is shown while storing (a line per tenth when the output is not
+  a terminal). After each growth the tables are vacuumed and analyzed (as autovacuum would soon after such an
+  import) and the measured scope must hold one usable recall row per fact.
 - At each size ``--queries`` facts (default 200, fixed seed) are queried by their own text and by a
   paraphrase (the same person, ticket code, system and aspect in other words) through ``Memory.recall``
   (top ``--k``, default 8) in process, **query embedding included** (``MiniLMTextEmbedder``, the configured
@@ -1396,10 +1396,12 @@ class BigScopeBench(Bench):
         def pair() -> tuple[Any, Any]:
             # New components for every Memory (a component belongs to one pipeline); the model is loaded once.
             text = MiniLMTextEmbedder(model=BUNDLED_MODEL, precision=self.config.query_precision)
-            return MiniLMDocumentEmbedder(model=BUNDLED_MODEL), text
+            return MiniLMDocumentEmbedder(model=BUNDLED_MODEL, precision=self.config.document_precision), text
 
         self.embedders = pair
-        self.document_embedder = CachingDocumentEmbedder(MiniLMDocumentEmbedder(model=BUNDLED_MODEL))
+        self.document_embedder = CachingDocumentEmbedder(
+            MiniLMDocumentEmbedder(model=BUNDLED_MODEL, precision=self.config.document_precision)
+        )
         self.text_embedder = pair()[1]  # the query embedding timed alone
         self.facts: list[BigFact] = []
         self.document_ids: list[str] = []

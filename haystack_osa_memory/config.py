@@ -146,8 +146,18 @@ class MemoryConfig(BaseModel):
         env="OSA_MEMORY_QUERY_PRECISION",
         doc="How the MiniLM model embeds recall queries: `int8` (int8 linear layers: about a quarter of the "
         "float32 time, LoCoMo recall unchanged, see `docs/traps.md`) or `float32` (the "
-        "sentence-transformers vector). Stored facts are always embedded in float32. Under `serve` the YAML "
-        "pipeline's `precision` applies.",
+        "sentence-transformers vector). Stored facts follow `OSA_MEMORY_DOCUMENT_PRECISION`. Under `serve` the "
+        "YAML pipeline's `precision` applies.",
+    )
+    document_precision: Precision = setting(
+        "float32",
+        env="OSA_MEMORY_DOCUMENT_PRECISION",
+        doc="How the MiniLM model embeds stored facts (store, import, reflect's observations): `float32` (the "
+        "sentence-transformers vector; concurrent stores share batched forward passes) or `int8` (int8 linear "
+        "layers, one fact per forward pass so that its vector depends only on its text; see "
+        "`benchmarks/README.md`: about half the CPU per fact, but LoCoMo R@1 and MRR fall by ~0.009, hence "
+        "`float32` by default). Facts stored before a change keep their vectors. Also bound into the served "
+        "store YAML's MiniLM document embedder (its `precision`).",
     )
     dataset: str = setting(
         "osa-memory", env="OSA_MEMORY_DATASET", doc="Dataset of fact documents (part of the document id)."

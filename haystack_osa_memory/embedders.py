@@ -52,4 +52,7 @@ def build_embedders(config: MemoryConfig, model: str = BUNDLED_MODEL) -> tuple[A
     from haystack_osa_memory.components.minilm_embedders import MiniLMDocumentEmbedder, MiniLMTextEmbedder
 
     # Loaded from local files only (`local_files_only=True`), on warm-up.
-    return MiniLMDocumentEmbedder(model=model), MiniLMTextEmbedder(model=model, precision=config.query_precision)
+    return (
+        MiniLMDocumentEmbedder(model=model, precision=config.document_precision),
+        MiniLMTextEmbedder(model=model, precision=config.query_precision),
+    )

@@ -12,6 +12,10 @@ any other module is refused. What the YAML does not decide is the server's confi
   connection, tables, timeouts);
 - the redaction classes (``OSA_MEMORY_REDACTION_OFF``), the dataset and admitted statuses, and the
   query embedder's time budget (``OSA_MEMORY_EMBEDDER_TIMEOUT``);
+- the precision of the MiniLM document embedder (``OSA_MEMORY_DOCUMENT_PRECISION``): stored vectors
+  outlive the process, and the command line (import, reflect) stores with the same setting, so the
+  server and the command line write facts of one knowledge base alike (a query vector lives for one
+  recall: the recall YAML's ``precision`` decides it);
 - ``OSA_MEMORY_EMBEDDER=none`` removes the ``embed`` component from both (lexical recall), and ``auto``
   does so when the embedder cannot be built here (the `embeddings` extra missing).
 
@@ -53,9 +57,9 @@ JUDGE = "judge"
 HEADER = """\
 # The {name} pipeline `osa-memory serve` runs (docs/configuration.md, "Pipelines as YAML").
 # Edit it to swap the embedder (the store and recall embedders must be the same model), tune the
-# retriever or add components; the knowledge base, redaction classes, dataset, statuses and the query
-# embedder's time budget come from the server's configuration: leave them out (a differing value is
-# refused at load). Only allow-listed modules load.
+# retriever or add components; the knowledge base, redaction classes, dataset, statuses, the query
+# embedder's time budget and the MiniLM document precision come from the server's configuration: leave
+# them out (a differing value is refused at load). Only allow-listed modules load.
 """
 #: Appended to the store pipeline's header: how a team names a supersession judge.
 JUDGE_EXAMPLE = """\
@@ -162,6 +166,9 @@ BOUND: dict[str, dict[str, Bound]] = {
         "status": Bound(lambda c: c.admitted_statuses[0], "MemoryConfig.admitted_statuses (its first status)"),
     },
     "GuardedTextEmbedder": {"timeout": Bound(lambda c: c.embedder_timeout, "OSA_MEMORY_EMBEDDER_TIMEOUT")},
+    "MiniLMDocumentEmbedder": {
+        "precision": Bound(lambda c: c.document_precision, "OSA_MEMORY_DOCUMENT_PRECISION"),
+    },
     "ScopedMemoryRetriever": {
         "admitted_statuses": Bound(lambda c: list(c.admitted_statuses), "MemoryConfig.admitted_statuses")
     },

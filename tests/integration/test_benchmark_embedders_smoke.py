@@ -102,6 +102,33 @@ def test_embedder_benchmark_core(pg_conn_str: str, tmp_path: Path, capsys: pytes
         assert 0.0 <= locomo["R@5"] <= locomo["R@10"] <= 1.0
         assert locomo["R@10"] >= 2 / 3  # three distinctive one-turn answers among six facts
         assert locomo["degraded_queries"] == 0
+    _check_document_cpu(report, printed, texts=12)  # the 6 turns, twice
+
+
+def _check_document_cpu(report: dict[str, Any], printed: str, texts: int) -> None:
+    assert "document CPU per text" in printed, printed
+    figures = report["document_cpu"]
+    assert list(figures) == ["float32-alone", "float32-batch8", "int8-alone"]
+    for name, f in figures.items():
+        assert f["texts"] == texts, name
+        assert 0 < f["cpu_ms_per_text"] < 5000, name
+        assert 0 < f["wall_ms_per_text"] < 5000, name
+        assert re.search(rf"^  {name} +cpu +[0-9.]+ ms/text", printed, re.MULTILINE), printed
+    assert figures["float32-alone"]["cpu_vs_float32_alone"] == 1.0
+
+
+def test_document_cpu_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--document-cpu-only``: no backend comparison, no database; the three ways of embedding a fact."""
+    data = tmp_path / "tiny_locomo.json"
+    data.write_text(json.dumps(tiny_locomo()), encoding="utf-8")
+    out = tmp_path / "document_cpu.json"
+    assert load_script().main(["--data", str(data), "--document-cpu-only", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert "agreement" not in report
+    assert "doc cos min/mean" not in printed
+    assert report["machine"]["load_avg_at_end"]
+    _check_document_cpu(report, printed, texts=12)
 
 
 def test_memory_probe_runs_in_a_fresh_process(tmp_path: Path) -> None:

@@ -184,3 +184,19 @@ def test_storing_one_turn_per_memory_store_recalls_the_same(pg_conn_str: str, tm
         tops[path] = {q["question"]: q["top"] for q in result["per_question"]}
     assert len(tops["memory"]) == 5
     assert tops["memory"] == tops["pipeline"]
+
+
+@pytest.mark.embeddings
+def test_document_precision_flag(pg_conn_str: str, tmp_path: Path) -> None:
+    """`--document-precision int8` stores the turns with int8 MiniLM vectors (queries keep the product's
+    precision); the report says which precisions ran."""
+    out = tmp_path / "int8.json"
+    proc = run_harness(pg_conn_str, tmp_path, out, "--embedder", "minilm", "--document-precision", "int8")
+    assert "MiniLM precision: documents int8, queries int8" in proc.stdout
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert (report["document_precision"], report["query_precision"]) == ("int8", "int8")
+    (result,) = report["results"].values()
+    assert result["timing"]["facts"] == 12
+    assert result["timing"]["degraded_queries"] == 0
+    by_question = {q["question"]: q for q in result["per_question"]}
+    assert by_question["What colour is the sea kayak Ines bought in Porto?"]["top"][0] == ["D1:3"]

