@@ -64,7 +64,11 @@ from haystack_osa_memory.store.tokens import TokenStore
 from haystack_osa_memory.transfer import ImportItem
 
 console = Console(width=None if sys.stdout.isatty() else 150)  # the whole table in logs and pipes
-OSA_MEMORY = [sys.executable, "-m", "haystack_osa_memory.cli"]
+# `-P`: no working directory (nor script folder) at the front of `sys.path`. Without it a baseline served from
+# a checkout (`--compare`, PYTHONPATH naming the checkout) imported this work tree's package instead whenever
+# the benchmark ran from the repository's root, so old and new were the same code.
+PYTHON = [sys.executable, "-P"]
+OSA_MEMORY = [*PYTHON, "-m", "haystack_osa_memory.cli"]
 START_TIMEOUT_S = 180.0
 #: Seconds the client processes may take to start and open their sessions before a phase.
 READY_TIMEOUT_S = 300.0
@@ -280,35 +284,41 @@ class RssSampler(threading.Thread):
         return round(max(self.peak, self.sample()), 1)
 
 
+def revision_env(revision_path: Path | None) -> dict[str, str]:
+    """The environment of a subprocess that runs the package of the checkout ``revision_path`` (else the
+    installed one, this work tree's), started with `PYTHON` (`-P`) so that nothing but PYTHONPATH decides."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    if revision_path is not None:
+        env["PYTHONPATH"] = str(revision_path)
+    return env
+
+
 @contextmanager
 def serve(
-    config: MemoryConfig, conn_str: str, workers: int | None, embedder: str, extra_env: dict[str, str] | None = None
+    config: MemoryConfig, conn_str: str, workers: int | None, embedder: str, revision_path: Path | None = None
 ) -> Iterator[tuple[str, int]]:
-    """``osa-memory serve`` on a free loopback port: yields (MCP URL, pid). ``extra_env`` (e.g. ``PYTHONPATH``
-    naming a checkout of another revision) is added to its environment."""
+    """``osa-memory serve`` on a free loopback port: yields (MCP URL, pid). ``revision_path``: serve the package
+    of that checkout of another revision (`revision_env`)."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    env = (
-        dict(os.environ)
-        | {
-            "PG_CONN_STR": conn_str,
-            "OSA_MEMORY_KB_SCHEMA": config.kb_schema,
-            "OSA_MEMORY_SCHEMA": config.memory_schema,
-            "OSA_MEMORY_EMBEDDER": embedder,
-            "PYTHONUNBUFFERED": "1",
-        }
-        | (extra_env or {})
-    )
+    env = revision_env(revision_path) | {
+        "PG_CONN_STR": conn_str,
+        "OSA_MEMORY_KB_SCHEMA": config.kb_schema,
+        "OSA_MEMORY_SCHEMA": config.memory_schema,
+        "OSA_MEMORY_EMBEDDER": embedder,
+        "PYTHONUNBUFFERED": "1",
+    }
     command = [*OSA_MEMORY, "serve", "--port", str(port), "--log-level", "warning"]
     if workers is not None:
         command += ["--workers", str(workers)]
     with tempfile.TemporaryDirectory(prefix="osa-load-") as tmp:
         log = Path(tmp) / "server.log"
         with log.open("ab") as f:
-            proc = subprocess.Popen(command, env=env, stdout=f, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(command, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=revision_path or REPO)
         try:
             deadline = time.monotonic() + START_TIMEOUT_S
             while True:
@@ -480,25 +490,25 @@ REPO = Path(__file__).resolve().parents[1]
 # Seeds a schema with the package found first on sys.path (a baseline checkout's, under --compare), through
 # the API both revisions share; prints one token per assignment as JSON.
 SEED_SCRIPT = """
-import json, random, sys
-sys.path.append(sys.argv[1])  # after PYTHONPATH: a baseline checkout's package stays first
-from benchmarks.load import fact_text, tag
+import json, sys
+import haystack_osa_memory
 from haystack_osa_memory import Caller, Memory, MemoryConfig
 from haystack_osa_memory.store.schema import ensure_schema
 from haystack_osa_memory.store.tokens import TokenStore
 from haystack_osa_memory.transfer import ImportItem
-conn, kb, mem, embedder, assignments, facts = sys.argv[2:8]
-config = MemoryConfig(pg_conn_str=conn, kb_schema=kb, memory_schema=mem, embedder=embedder)
-ensure_schema(conn, config)
-memory = Memory(config, use_default_embedders=embedder != "none")
-tokens = TokenStore(conn, config)
-rnd = random.Random(7)
+job = json.load(sys.stdin)
+config = MemoryConfig(
+    pg_conn_str=job["conn"], kb_schema=job["kb"], memory_schema=job["mem"], embedder=job["embedder"]
+)
+ensure_schema(job["conn"], config)
+memory = Memory(config, use_default_embedders=job["embedder"] != "none")
+tokens = TokenStore(job["conn"], config)
 out = []
-for a in range(int(assignments)):
-    caller = Caller(org_id=f"load-org-{a % 2}", assignment_id=f"asg-{a:03d}")
-    items = [ImportItem(fact_text(a, n, rnd), f"seed:{n}", topic="load") for n in range(int(facts))]
-    memory.import_items(items, caller=caller)
-    out.append(tokens.create(org_id=f"load-org-{a % 2}", assignment_id=f"asg-{a:03d}").token)
+for org, assignment, texts in job["scopes"]:
+    items = [ImportItem(text, f"seed:{n}", topic="load") for n, text in enumerate(texts)]
+    memory.import_items(items, caller=Caller(org_id=org, assignment_id=assignment))
+    out.append(tokens.create(org_id=org, assignment_id=assignment).token)
+print("PACKAGE " + haystack_osa_memory.__file__)
 print("TOKENS " + json.dumps(out))
 """
 
@@ -525,17 +535,30 @@ class WrkPhase:
 def seed_with(
     revision_path: Path | None, conn_str: str, config: MemoryConfig, assignments: int, facts: int
 ) -> list[str]:
-    """Seed ``config``'s schema in a subprocess whose package is the one at ``revision_path`` (else ours)."""
-    env = dict(os.environ) | {"PG_CONN_STR": conn_str}
-    if revision_path is not None:
-        env["PYTHONPATH"] = str(revision_path)
-    argv = [sys.executable, "-c", SEED_SCRIPT, str(REPO), conn_str, config.kb_schema]
-    argv += [config.memory_schema, config.embedder, str(assignments), str(facts)]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
-    line = next((x for x in done.stdout.splitlines() if x.startswith("TOKENS ")), None)
-    if done.returncode != 0 or line is None:
+    """Seed ``config``'s schema in a subprocess that runs the package at ``revision_path`` (else ours); the facts
+    are made here, so both revisions get the same ones. Fails if the subprocess imported another package."""
+    rnd = random.Random(7)
+    scopes = [
+        (f"load-org-{a % 2}", f"asg-{a:03d}", [fact_text(a, n, rnd) for n in range(facts)]) for a in range(assignments)
+    ]
+    job = {"conn": conn_str, "kb": config.kb_schema, "mem": config.memory_schema, "embedder": config.embedder}
+    env = revision_env(revision_path) | {"PG_CONN_STR": conn_str}
+    done = subprocess.run(
+        [*PYTHON, "-c", SEED_SCRIPT],
+        input=json.dumps(job | {"scopes": scopes}),
+        env=env,
+        cwd=revision_path or REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    lines = dict(x.split(" ", 1) for x in done.stdout.splitlines() if x.startswith(("TOKENS ", "PACKAGE ")))
+    if done.returncode != 0 or "TOKENS" not in lines:
         raise RuntimeError(f"seeding failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-    return list(json.loads(line.removeprefix("TOKENS ")))
+    expected = (revision_path or REPO).resolve()
+    if revision_path is not None and not Path(lines["PACKAGE"]).resolve().is_relative_to(expected):
+        raise RuntimeError(f"seeding {revision_path} imported the package at {lines['PACKAGE']}")
+    return list(json.loads(lines["TOKENS"]))
 
 
 def pss_by_process(pid: int) -> dict[str, float]:
@@ -653,8 +676,7 @@ def main_wrk(args: argparse.Namespace, report: Report) -> list[WrkPhase]:
             with ExitStack() as stack:
                 running = []
                 for label, path, config, tokens in seeded:
-                    env = {"PYTHONPATH": str(path)} if path is not None else None
-                    url, pid = stack.enter_context(serve(config, conn_str, args.workers, args.embedder, env))
+                    url, pid = stack.enter_context(serve(config, conn_str, args.workers, args.embedder, path))
                     running.append((label, url, pid, tokens))
                 for phase in phases:
                     for conns in connections:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 import random
 import re
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -98,3 +100,26 @@ def test_no_benchmark_script_brings_its_own() -> None:
     siblings = {p.stem for p in BENCHMARKS.glob("*.py")}
     found = {p.name: offences(p.read_text(encoding="utf-8"), siblings) for p in scripts}
     assert {name: lines for name, lines in found.items() if lines} == {}
+
+
+@pytest.mark.parametrize("cwd", ["repo", "revision"])
+def test_a_compared_revision_runs_its_own_package(tmp_path: Path, cwd: str) -> None:
+    """`load.py --compare`: the baseline's processes import the checkout's package, even started from the
+    repository's root (where `python -m`/`-c` would put this work tree's package first)."""
+    from benchmarks.load import PYTHON, REPO, revision_env
+
+    revision = tmp_path / "checkout"
+    (revision / "haystack_osa_memory").mkdir(parents=True)
+    (revision / "haystack_osa_memory" / "__init__.py").write_text("")
+    probe = "import haystack_osa_memory; print(haystack_osa_memory.__file__)"
+    done = subprocess.run(
+        [*PYTHON, "-c", probe],
+        env=revision_env(revision),
+        cwd=REPO if cwd == "repo" else revision,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert Path(done.stdout.strip()).resolve() == (revision / "haystack_osa_memory" / "__init__.py").resolve()
+    ours = subprocess.run([*PYTHON, "-c", probe], env=revision_env(None), cwd=revision, capture_output=True, text=True)
+    assert Path(ours.stdout.strip()).resolve().is_relative_to(REPO.resolve())
