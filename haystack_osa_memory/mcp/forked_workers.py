@@ -4,12 +4,13 @@ uvicorn starts each worker with `spawn`: a fresh interpreter that imports torch,
 and Hayhooks and loads the embedding models again, so every worker held its own private copy of all of
 it (~500 MiB each). Here the `serve` process imports those modules and loads the models once, freezes
 its objects out of the garbage collector's reach, and uvicorn forks the workers from it: the pages they
-do not write stay shared between all of them (copy-on-write), a worker starts in about a second, and
-a replaced worker costs no model load.
+do not write stay shared between all of them (copy-on-write), and a worker, first or replaced, starts
+without loading anything.
 
-What a worker must not share is left out of the parent: no database connection, pool or event loop
-is opened before the fork (each worker builds its own `MemoryStore` in `worker_app`). The children
-start with the default signal handlers, not the supervisor's, and size their own CPU threads.
+Nothing a worker must not share is used across the fork: no event loop runs before it, the `serve`
+process's own connection pool (its schema check) is never touched by a worker, and each worker builds its
+own `MemoryStore` in `worker_app`. The children start with the default signal handlers, not the
+supervisor's, and size their own CPU threads.
 """
 
 from __future__ import annotations

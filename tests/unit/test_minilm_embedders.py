@@ -7,7 +7,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -279,20 +279,30 @@ class TestModelValidation:
             MiniLMTextEmbedder(model=str(tmp_path / "nowhere")).warm_up()
 
 
+def together(work: Callable[[int], None], count: int = 4) -> None:
+    """``work(0) ... work(count - 1)`` in threads released at once (a barrier); fails on any thread's error."""
+    barrier = threading.Barrier(count)
+    errors: list[BaseException] = []
+
+    def run(n: int) -> None:
+        try:
+            barrier.wait()
+            work(n)
+        except BaseException as e:  # reported in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
 class TestThreads:
     def test_concurrent_first_load_shares_one_backend(self, fresh_model: str) -> None:
         embedders = [MiniLMTextEmbedder(model=fresh_model) for _ in range(4)]
-        barrier = threading.Barrier(4)
-
-        def warm(embedder: MiniLMTextEmbedder) -> None:
-            barrier.wait()
-            embedder.warm_up()
-
-        threads = [threading.Thread(target=warm, args=(e,)) for e in embedders]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        together(lambda n: embedders[n].warm_up())
         backends = {id(e._backend) for e in embedders}
         assert len(backends) == 1
         assert backends == {id(minilm_embedders._BACKENDS[(os.path.realpath(fresh_model), "float32")])}
@@ -306,28 +316,17 @@ class TestThreads:
                 "documents"
             ]
         ]
-        barrier = threading.Barrier(4)
         results: dict[int, list[Any]] = {}
-        errors: list[BaseException] = []
 
         def work(n: int) -> None:
-            try:
-                barrier.wait()
-                if n % 2:
-                    embedder = MiniLMTextEmbedder(model=model_path)
-                    results[n] = [embedder.run(text=t)["embedding"] for t in texts]
-                else:
-                    docs = MiniLMDocumentEmbedder(model=model_path).run(documents=[Document(content=t) for t in texts])
-                    results[n] = [d.embedding for d in docs["documents"]]
-            except BaseException as e:  # reported in the main thread
-                errors.append(e)
+            if n % 2:
+                embedder = MiniLMTextEmbedder(model=model_path)
+                results[n] = [embedder.run(text=t)["embedding"] for t in texts]
+            else:
+                docs = MiniLMDocumentEmbedder(model=model_path).run(documents=[Document(content=t) for t in texts])
+                results[n] = [d.embedding for d in docs["documents"]]
 
-        threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert errors == []
+        together(work)
         for n in range(4):
             expected = serial_text if n % 2 else serial_docs
             assert np.abs(np.asarray(results[n]) - np.asarray(expected)).max() <= 1e-6
@@ -445,27 +444,16 @@ class TestInt8Documents:
     def test_concurrent_callers_do_not_share_forward_passes(self, model_path: str) -> None:
         embedder = MiniLMDocumentEmbedder(model=model_path, precision="int8")
         alone = {t: embedder.run(documents=[Document(content=t)])["documents"][0].embedding for t in FACTS}
-        barrier = threading.Barrier(4)
         results: list[dict[str, Any]] = []
-        errors: list[BaseException] = []
 
         def work(n: int) -> None:
-            try:
-                barrier.wait()
-                texts = FACTS[n:] + FACTS[:n]
-                docs = MiniLMDocumentEmbedder(model=model_path, precision="int8").run(
-                    documents=[Document(content=t) for t in texts]
-                )["documents"]
-                results.append({d.content: d.embedding for d in docs})
-            except BaseException as e:  # reported in the main thread
-                errors.append(e)
+            texts = FACTS[n:] + FACTS[:n]
+            docs = MiniLMDocumentEmbedder(model=model_path, precision="int8").run(
+                documents=[Document(content=t) for t in texts]
+            )["documents"]
+            results.append({d.content: d.embedding for d in docs})
 
-        threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert errors == []
+        together(work)
         assert results == [alone] * 4
 
     def test_close_to_float32_and_equal_to_the_int8_query(self, model_path: str) -> None:
