@@ -75,6 +75,22 @@ def bob() -> Caller:
     return Caller(org_id="acme", assignment_id="asg-beta", specialist_id="spec-2")
 
 
+def team_document_store(pg_conn_str: str, config: MemoryConfig) -> Any:
+    """A team's own pgvector-haystack `PgvectorDocumentStore` on the knowledge base's chunk table, as the
+    team writes its customer documents."""
+    from haystack.utils import Secret
+    from haystack_integrations.document_stores.pgvector import PgvectorDocumentStore
+
+    return PgvectorDocumentStore(
+        connection_string=Secret.from_token(pg_conn_str),
+        schema_name=config.kb_schema,
+        table_name=config.chunk_table,
+        embedding_dimension=config.embedding_dimension,
+        keyword_index_name=f"{config.chunk_table}_keyword_index",
+        hnsw_index_name=f"{config.chunk_table}_hnsw_index",
+    )
+
+
 def row_counts(pg_conn_str: str, config: MemoryConfig) -> dict[str, int]:
     """Rows in every table of the test's schema."""
     counts = {}

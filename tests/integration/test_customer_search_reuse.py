@@ -10,27 +10,14 @@ from typing import Any
 import psycopg
 import pytest
 from haystack import Document
-from haystack.utils import Secret
-from haystack_integrations.document_stores.pgvector import PgvectorDocumentStore
 from psycopg import sql
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
+from tests.conftest import team_document_store
 
 pytestmark = pytest.mark.integration
 
 ORGS = ("acme", "globex", "initech")
-
-
-def _plain_store(pg_conn_str: str, config: MemoryConfig) -> PgvectorDocumentStore:
-    """The team's own pgvector-haystack store on the chunk table."""
-    return PgvectorDocumentStore(
-        connection_string=Secret.from_token(pg_conn_str),
-        schema_name=config.kb_schema,
-        table_name=config.chunk_table,
-        embedding_dimension=config.embedding_dimension,
-        keyword_index_name=f"{config.chunk_table}_keyword_index",
-        hnsw_index_name=f"{config.chunk_table}_hnsw_index",
-    )
 
 
 def _customer_documents(pg_conn_str: str, config: MemoryConfig) -> list[Document]:
@@ -51,7 +38,7 @@ def _customer_documents(pg_conn_str: str, config: MemoryConfig) -> list[Document
         for org in ORGS[1:]
     ]
     docs.append(Document(id="draft-0#0", content="Refund policy draft", meta={"document_id": "draft-0"}))
-    store = _plain_store(pg_conn_str, config)
+    store = team_document_store(pg_conn_str, config)
     try:
         store.write_documents(docs)
     finally:
@@ -120,7 +107,7 @@ def test_documents_read_as_the_plain_store_reads_them(
     searched: tuple[Memory, str], pg_conn_str: str, config: MemoryConfig
 ) -> None:
     memory, _ = searched
-    plain = _plain_store(pg_conn_str, config)
+    plain = team_document_store(pg_conn_str, config)
     try:
         expected = {
             d.id: d

@@ -11,7 +11,7 @@ from psycopg import sql
 
 from haystack_osa_memory import Caller, DatabaseError, InvalidInputError, Memory, MemoryConfig
 from haystack_osa_memory.markers import add_marker, content_hash, document_id
-from tests.conftest import row_counts
+from tests.conftest import row_counts, team_document_store
 
 pytestmark = pytest.mark.integration
 
@@ -278,19 +278,10 @@ class TestCustomerSearch:
         self, memory: Memory, alice: Caller, pg_conn_str: str, config: MemoryConfig
     ) -> None:
         from haystack import Document
-        from haystack.utils import Secret
-        from haystack_integrations.document_stores.pgvector import PgvectorDocumentStore
 
         memory.store("Refund policy secret: internal agents may refund up to 500 EUR", caller=alice)
         # The team's own customer documents, written with pgvector-haystack into the same chunk table.
-        store = PgvectorDocumentStore(
-            connection_string=Secret.from_token(pg_conn_str),
-            schema_name=config.kb_schema,
-            table_name=config.chunk_table,
-            embedding_dimension=config.embedding_dimension,
-            keyword_index_name=f"{config.chunk_table}_keyword_index",
-            hnsw_index_name=f"{config.chunk_table}_hnsw_index",
-        )
+        store = team_document_store(pg_conn_str, config)
         store.write_documents(
             [
                 Document(
