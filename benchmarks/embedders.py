@@ -43,8 +43,8 @@ load drift on a shared machine hits them alike; every runtime on ``--threads`` (
 6. CPU per stored fact (ours only; alone with ``--document-cpu-only``): ``time.process_time`` of
    ``MiniLMDocumentEmbedder.run`` over ``--document-cpu-texts`` LoCoMo turns, four ways alternating per
    group of eight turns: float32 one text per call (a store alone), float32 eight texts per call (the
-   batch concurrent stores share), int8 and mixed one text per call (they always run one text per forward
-   pass);
+   batch concurrent stores share), float16 and int8 one text per call (both always run one text per
+   forward pass);
    CPU ms and wall ms per text, and the ratios to float32 alone.
 """
 
@@ -93,8 +93,8 @@ DOC_BATCH = 32  # documents per run() call in the throughput measurement
 DOCUMENT_CPU_MODES: dict[str, tuple[Precision, int]] = {
     "float32-alone": ("float32", 1),
     "float32-batch8": ("float32", 8),
+    "float16-alone": ("float16", 1),
     "int8-alone": ("int8", 1),
-    "mixed-alone": ("mixed", 1),
 }
 DOCUMENT_CPU_BASE = "float32-alone"
 

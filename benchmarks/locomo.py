@@ -6,7 +6,7 @@ Usage::
                                 [--limit-conversations N] [--embedder minilm|none]
                                 [--variant NAME ...] [--rrf-k 60 --lexical-weight 1 ...]
                                 [--store-through memory --reflect]
-                                [--document-precision float32|int8|mixed]
+                                [--document-precision float32|float16|int8]
 
 ``PG_CONN_STR`` selects the database (a fresh schema per stored variant, dropped at the end);
 when it is unset, an embedded PostgreSQL + pgvector is started in a temporary directory and
@@ -196,7 +196,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--embedder", choices=["minilm", "none"], default="minilm")
     parser.add_argument(
         "--document-precision",
-        choices=["float32", "int8", "mixed"],
+        choices=["float32", "float16", "int8"],
         default=None,
         help="how the MiniLM document embedder embeds the stored turns (default: the product's\n"
         "MemoryConfig.document_precision); queries keep MemoryConfig.query_precision",

@@ -20,7 +20,7 @@ from pydantic.fields import FieldInfo
 from haystack_osa_memory.markers import IDENTIFIER_PATTERN
 
 EmbedderChoice = Literal["auto", "none", "minilm"]
-Precision = Literal["float32", "int8", "mixed"]
+Precision = Literal["float32", "float16", "int8"]
 
 #: Key of a field's ``json_schema_extra``: the environment variable that sets it.
 ENV_KEY = "env"
@@ -145,21 +145,20 @@ class MemoryConfig(BaseModel):
         "int8",
         env="OSA_MEMORY_QUERY_PRECISION",
         doc="How the MiniLM model embeds recall queries: `int8` (int8 linear layers: about a quarter of the "
-        "float32 time, LoCoMo recall unchanged, see `docs/traps.md`), `mixed` (as stored facts' default) or "
+        "float32 time, LoCoMo recall unchanged, see `docs/traps.md`), `float16` (float16 weights) or "
         "`float32` (the sentence-transformers vector). Stored facts follow `OSA_MEMORY_DOCUMENT_PRECISION`. "
         "Under `serve` the YAML pipeline's `precision` applies.",
     )
     document_precision: Precision = setting(
-        "mixed",
+        "float16",
         env="OSA_MEMORY_DOCUMENT_PRECISION",
-        doc="How the MiniLM model embeds stored facts (store, import, reflect's observations): `mixed` (int8 "
-        "attention and feed-forward-input layers, float32 feed-forward outputs: about 0.6 of the float32 CPU "
-        "per fact, every LoCoMo figure within 0.005 of float32), `int8` (every linear layer: about half the "
-        "CPU, but LoCoMo R@1 and MRR fall by ~0.009) or `float32` (the sentence-transformers vector; "
-        "concurrent stores share batched forward passes). `mixed` and `int8` embed one fact per forward pass, "
-        "so that its vector depends only on its text; see `benchmarks/README.md`. Facts stored before a "
-        "change keep their vectors. Also bound into the served store YAML's MiniLM document embedder (its "
-        "`precision`).",
+        doc="How the MiniLM model embeds stored facts (store, import, reflect's observations): `float16` "
+        "(float16 weights, float32 arithmetic: the float32 vector within ~1e-4 at about two thirds of its CPU), "
+        "`float32` (the sentence-transformers vector) or `int8` (int8 linear layers, one fact per forward pass "
+        "so that its vector depends only on its text: about half the CPU of float32, but LoCoMo R@1 and MRR "
+        "fall by ~0.009). In float16 and float32 concurrent stores share batched forward passes. See "
+        "`benchmarks/README.md`. Facts stored before a change keep their vectors. Also bound into the served "
+        "store YAML's MiniLM document embedder (its `precision`).",
     )
     dataset: str = setting(
         "osa-memory", env="OSA_MEMORY_DATASET", doc="Dataset of fact documents (part of the document id)."

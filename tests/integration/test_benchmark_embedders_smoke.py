@@ -108,7 +108,7 @@ def test_embedder_benchmark_core(pg_conn_str: str, tmp_path: Path, capsys: pytes
 def _check_document_cpu(report: dict[str, Any], printed: str, texts: int) -> None:
     assert "document CPU per text" in printed, printed
     figures = report["document_cpu"]
-    assert list(figures) == ["float32-alone", "float32-batch8", "int8-alone", "mixed-alone"]
+    assert list(figures) == ["float32-alone", "float32-batch8", "float16-alone", "int8-alone"]
     for name, f in figures.items():
         assert f["texts"] == texts, name
         assert 0 < f["cpu_ms_per_text"] < 5000, name

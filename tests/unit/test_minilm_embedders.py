@@ -211,7 +211,7 @@ class TestBuildEmbedders:
         assert document_embedder.model == text_embedder.model == minilm_embedders.BUNDLED_MODEL
         assert minilm_embedders._model_dir(minilm_embedders.BUNDLED_MODEL) == os.path.realpath(model_path)
         assert text_embedder.precision == "int8"  # the default: fast recall
-        assert document_embedder.precision == MemoryConfig().document_precision == "mixed"  # the default
+        assert document_embedder.precision == MemoryConfig().document_precision == "float16"  # the default
         assert len(text_embedder.run(text="hello")["embedding"]) == MINILM_DIMENSION
 
     def test_query_precision_follows_the_configuration(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -224,12 +224,12 @@ class TestBuildEmbedders:
             MemoryConfig.from_env()
 
     def test_document_precision_follows_the_configuration(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        for precision in ("int8", "float32", "mixed"):
+        for precision in ("int8", "float32", "float16"):
             document_embedder, _ = build_embedders(MemoryConfig(embedder="minilm", document_precision=precision))
             assert document_embedder.precision == precision
         monkeypatch.setenv("OSA_MEMORY_DOCUMENT_PRECISION", "int8")
         assert MemoryConfig.from_env().document_precision == "int8"
-        monkeypatch.setenv("OSA_MEMORY_DOCUMENT_PRECISION", "float16")
+        monkeypatch.setenv("OSA_MEMORY_DOCUMENT_PRECISION", "bfloat16")
         with pytest.raises(ConfigurationError, match=r"DOCUMENT_PRECISION|document_precision"):
             MemoryConfig.from_env()
 
@@ -415,6 +415,81 @@ def test_eager_fallback_when_tracing_fails(
     assert difference <= TOLERANCE
 
 
+class TestFloat16Weights:
+    """`precision="float16"`: float16 weights, float32 arithmetic; the float32 vectors within ~1e-4, and
+    independent of their batch, so documents are batched as in float32."""
+
+    def test_vectors_are_the_float32_ones(self, model_path: str, expected: np.ndarray) -> None:
+        documents = MiniLMDocumentEmbedder(model=model_path, precision="float16")
+        docs = documents.run(documents=[Document(content=t) for t in TEXTS])["documents"]
+        got = np.asarray([d.embedding for d in docs])
+        assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+        assert np.abs(got - expected).max() <= 1e-3
+        assert (got * expected).sum(axis=1).min() >= 0.9999
+        query = MiniLMTextEmbedder(model=model_path, precision="float16")
+        for text, vector in zip(TEXTS, got, strict=True):
+            assert np.abs(np.asarray(query.run(text=text)["embedding"]) - vector).max() <= 1e-5
+        # Really the float16 weights, not the float32 module: a difference well above float32's rounding.
+        exact = MiniLMDocumentEmbedder(model=model_path).run(documents=[Document(content=t) for t in TEXTS])
+        assert np.abs(got - np.asarray([d.embedding for d in exact["documents"]])).max() > 5e-6
+
+    def test_independent_of_the_batch_and_embedded_one_text_per_pass(
+        self, model_path: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The vectors do not depend on their batch; documents still go one per forward pass, where FBGEMM's
+        fp16 product is fastest (benchmarks/README.md)."""
+        embedder = MiniLMDocumentEmbedder(model=model_path, precision="float16", batch_size=8)
+        alone = [embedder.run(documents=[Document(content=t)])["documents"][0].embedding for t in FACTS]
+        backend = minilm_embedders._backend(model_path, "float16")
+        batched = backend.embed(FACTS, batch_size=len(FACTS))
+        assert np.abs(np.asarray(batched) - np.asarray(alone)).max() <= TOLERANCE
+        assert backend.precision == "float16"
+        assert backend.traced
+        assert backend is not minilm_embedders._backend(model_path, "float32")
+        passes: list[tuple[int, int]] = []
+        embed = backend.embed
+
+        def recorded(texts: Any, batch_size: int) -> list[list[float]]:
+            passes.append((len(texts), batch_size))
+            return embed(texts, batch_size)
+
+        monkeypatch.setattr(backend, "embed", recorded)
+        docs = embedder.run(documents=[Document(content=t) for t in FACTS])["documents"]
+        assert [d.embedding for d in docs] == alone
+        assert sum(texts for texts, _ in passes) == len(FACTS), passes
+        assert all(batch_size == 1 for _, batch_size in passes), passes  # one text per forward pass
+
+    def test_round_trip_through_dict_and_yaml(self, model_path: str) -> None:
+        pipe = Pipeline()
+        pipe.add_component("documents", MiniLMDocumentEmbedder(model=model_path, precision="float16"))
+        pipe.add_component("query", MiniLMTextEmbedder(model=model_path, precision="float16"))
+        loaded = Pipeline.loads(pipe.dumps(), allowed_modules=ALLOWED_MODULES)
+        assert loaded.to_dict() == pipe.to_dict()
+        assert loaded.get_component("documents").precision == loaded.get_component("query").precision == "float16"
+
+    def test_float32_fallback_when_quantization_fails(
+        self, fresh_model: str, model_path: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A torch without FBGEMM's fp16 kernels (not x86): a warning, and the float32 vectors."""
+        import torch.ao.quantization
+
+        def no_quantization(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("no fp16 kernels")
+
+        monkeypatch.setattr(torch.ao.quantization, "quantize_dynamic", no_quantization)
+        with caplog.at_level(logging.WARNING, logger=minilm_embedders.__name__):
+            embedder = MiniLMDocumentEmbedder(model=fresh_model, precision="float16")
+            got = [d.embedding for d in embedder.run(documents=[Document(content=t) for t in FACTS])["documents"]]
+        (warning,) = [r for r in caplog.records if r.name == minilm_embedders.__name__]
+        assert "float16 quantization" in warning.getMessage()
+        assert "runs in float32" in warning.getMessage()
+        assert embedder._backend is not None
+        assert embedder._backend.precision == "float32"
+        monkeypatch.undo()
+        exact = MiniLMDocumentEmbedder(model=model_path).run(documents=[Document(content=t) for t in FACTS])
+        assert np.abs(np.asarray(got) - np.asarray([d.embedding for d in exact["documents"]])).max() <= TOLERANCE
+
+
 #: Fact-length texts of different token lengths (a batch of them is padded).
 FACTS = [
     "(8 May 2023) Caroline: I went to the LGBTQ support group yesterday and it was so powerful.",
@@ -425,35 +500,30 @@ FACTS = [
 ]
 
 
-QUANTIZED = ["int8", "mixed"]
+class TestInt8Documents:
+    """`MiniLMDocumentEmbedder(precision="int8")`: one text per forward pass, so a fact's vector depends
+    only on its text."""
 
-
-class TestQuantizedDocuments:
-    """`MiniLMDocumentEmbedder(precision="int8" | "mixed")`: one text per forward pass, so a fact's vector
-    depends only on its text."""
-
-    @pytest.mark.parametrize("precision", QUANTIZED)
-    def test_same_vector_alone_and_among_other_texts(self, model_path: str, precision: Any) -> None:
-        embedder = MiniLMDocumentEmbedder(model=model_path, precision=precision, batch_size=8)
+    def test_same_vector_alone_and_among_other_texts(self, model_path: str) -> None:
+        embedder = MiniLMDocumentEmbedder(model=model_path, precision="int8", batch_size=8)
         alone = [embedder.run(documents=[Document(content=t)])["documents"][0].embedding for t in FACTS]
         for order in (FACTS, list(reversed(FACTS)), [FACTS[2], "x", *FACTS, LONG]):
             docs = embedder.run(documents=[Document(content=t) for t in order])["documents"]
             got = {d.content: d.embedding for d in docs}
             for text, vector in zip(FACTS, alone, strict=True):
                 assert got[text] == vector, text[:40]  # identical, not merely close
-        # The check has teeth: these texts embedded as one padded quantized batch give other vectors.
-        batched = minilm_embedders._backend(model_path, precision).embed(FACTS, batch_size=len(FACTS))
+        # The check has teeth: these texts embedded as one padded int8 batch give other vectors.
+        batched = minilm_embedders._backend(model_path, "int8").embed(FACTS, batch_size=len(FACTS))
         assert any(b != a for b, a in zip(batched, alone, strict=True))
 
-    @pytest.mark.parametrize("precision", QUANTIZED)
-    def test_concurrent_callers_do_not_share_forward_passes(self, model_path: str, precision: Any) -> None:
-        embedder = MiniLMDocumentEmbedder(model=model_path, precision=precision)
+    def test_concurrent_callers_do_not_share_forward_passes(self, model_path: str) -> None:
+        embedder = MiniLMDocumentEmbedder(model=model_path, precision="int8")
         alone = {t: embedder.run(documents=[Document(content=t)])["documents"][0].embedding for t in FACTS}
         results: list[dict[str, Any]] = []
 
         def work(n: int) -> None:
             texts = FACTS[n:] + FACTS[:n]
-            docs = MiniLMDocumentEmbedder(model=model_path, precision=precision).run(
+            docs = MiniLMDocumentEmbedder(model=model_path, precision="int8").run(
                 documents=[Document(content=t) for t in texts]
             )["documents"]
             results.append({d.content: d.embedding for d in docs})
@@ -461,56 +531,19 @@ class TestQuantizedDocuments:
         together(work)
         assert results == [alone] * 4
 
-    @pytest.mark.parametrize("precision", QUANTIZED)
-    def test_close_to_float32_and_equal_to_the_query_of_the_same_precision(
-        self, model_path: str, precision: Any
-    ) -> None:
-        quantized = MiniLMDocumentEmbedder(model=model_path, precision=precision).run(
+    def test_close_to_float32_and_equal_to_the_int8_query(self, model_path: str) -> None:
+        int8 = MiniLMDocumentEmbedder(model=model_path, precision="int8").run(
             documents=[Document(content=t) for t in FACTS]
         )["documents"]
         exact = MiniLMDocumentEmbedder(model=model_path).run(documents=[Document(content=t) for t in FACTS])
-        got, want = np.asarray([d.embedding for d in quantized]), np.asarray([d.embedding for d in exact["documents"]])
+        got, want = np.asarray([d.embedding for d in int8]), np.asarray([d.embedding for d in exact["documents"]])
         assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
         cosines = (got * want).sum(axis=1)
         assert cosines.min() >= 0.95, cosines
         assert np.abs(got - want).max() > 1e-3  # really the quantized model, not float32
-        query = MiniLMTextEmbedder(model=model_path, precision=precision)
-        for doc in quantized:
+        query = MiniLMTextEmbedder(model=model_path, precision="int8")
+        for doc in int8:
             assert query.run(text=doc.content or "")["embedding"] == doc.embedding
-
-    def test_mixed_is_closer_to_float32_than_int8(self, model_path: str) -> None:
-        """The feed-forward outputs left in float32 are where int8 loses most: on fact-length texts mixed
-        vectors stay nearer the float32 ones, each of them and in the median."""
-        docs = [Document(content=t) for t in FACTS]
-
-        def vectors(precision: Any) -> np.ndarray:
-            embedded = MiniLMDocumentEmbedder(model=model_path, precision=precision).run(documents=docs)
-            return np.asarray([d.embedding for d in embedded["documents"]])
-
-        exact = vectors("float32")
-        mixed, int8 = (vectors("mixed") * exact).sum(axis=1), (vectors("int8") * exact).sum(axis=1)
-        assert mixed.min() >= 0.97, mixed
-        assert np.median(mixed) > np.median(int8), (mixed, int8)
-        assert (mixed > int8).sum() >= len(FACTS) - 1, (mixed, int8)
-
-    def test_mixed_leaves_the_feed_forward_outputs_in_float32(self, model_path: str) -> None:
-        from transformers import AutoModel
-
-        backend = minilm_embedders._backend(model_path, "mixed")
-        assert backend.precision == "mixed"
-        assert backend.traced
-        spec = minilm_embedders._read_model_spec(Path(model_path))
-        encoder = AutoModel.from_pretrained(str(spec.transformer_dir), local_files_only=True)
-        module = minilm_embedders._pooled_module(encoder)
-        linear = minilm_embedders._quantized_layers(module, "int8")
-        mixed = minilm_embedders._quantized_layers(module, "mixed")
-        layers = encoder.config.num_hidden_layers
-        assert len(mixed) == 5 * layers  # query, key, value, attention output, feed-forward input
-        feed_forward_out = [n for n in linear if n.endswith("output.dense") and ".attention." not in n]
-        assert len(feed_forward_out) == layers
-        assert not set(feed_forward_out) & set(mixed)
-        assert set(mixed) < set(linear)
-        assert minilm_embedders._quantized_layers(module, "float32") == []
 
     def test_round_trip_through_dict_and_yaml(self, model_path: str) -> None:
         embedder = MiniLMDocumentEmbedder(model=model_path, batch_size=4, precision="int8")
@@ -546,28 +579,6 @@ class TestQuantizedDocuments:
         monkeypatch.setattr(torch.ao.quantization, "quantize_dynamic", no_quantization)
         embedder = MiniLMDocumentEmbedder(model=fresh_model, precision="int8")
         got = [d.embedding for d in embedder.run(documents=[Document(content=t) for t in FACTS])["documents"]]
-        assert embedder._backend is not None
-        assert embedder._backend.precision == "float32"
-        monkeypatch.undo()
-        exact = MiniLMDocumentEmbedder(model=model_path).run(documents=[Document(content=t) for t in FACTS])
-        assert np.abs(np.asarray(got) - np.asarray([d.embedding for d in exact["documents"]])).max() <= TOLERANCE
-
-    def test_mixed_falls_back_to_float32_on_a_model_without_bert_layer_names(
-        self,
-        fresh_model: str,
-        model_path: str,
-        monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture,
-    ) -> None:
-        """`mixed` picks layers by their BERT names; a model that has none of them is not quantized at all
-        (rather than quantized by a guess): a warning, and the float32 vectors."""
-        monkeypatch.setattr(minilm_embedders, "_quantized_layers", lambda module, precision: [])
-        with caplog.at_level(logging.WARNING, logger=minilm_embedders.__name__):
-            embedder = MiniLMDocumentEmbedder(model=fresh_model, precision="mixed")
-            got = [d.embedding for d in embedder.run(documents=[Document(content=t) for t in FACTS])["documents"]]
-        (warning,) = [r for r in caplog.records if r.name == minilm_embedders.__name__]
-        assert "mixed quantization" in warning.getMessage()
-        assert "no linear layer" in warning.getMessage()
         assert embedder._backend is not None
         assert embedder._backend.precision == "float32"
         monkeypatch.undo()

@@ -55,7 +55,7 @@ def test_the_document_precision_is_the_server_setting() -> None:
     """Stored vectors are written alike by the server and the command line (import, reflect), which
     builds its embedder from the same setting; the query embedder's precision stays the YAML's."""
     assert "precision" not in yaml.safe_load(shipped().store)["components"]["embed"]["init_parameters"]
-    for precision in ("int8", "float32", "mixed"):
+    for precision in ("int8", "float32", "float16"):
         config = CONFIG.model_copy(update={"document_precision": precision})
         assert load(shipped().store, config).get_component("embed").precision == precision
         recall = load(shipped().recall, config).get_component("embed")
