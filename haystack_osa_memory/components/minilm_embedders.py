@@ -322,9 +322,9 @@ class _Coalescer:
     meanwhile. Nobody waits for a timer, and a caller alone embeds at once. Float32 vectors do not depend
     on their batch (attention masks the padding; identical to the last bit in our measurement), so a
     fact's vector is the same however it was batched; so do float16 weights' (float32 arithmetic). Not for
-    int8 (queries or documents): their
-    activations are quantised per batch, and a query embedded with others came out at a cosine of 0.97
-    to itself alone.
+    int8 (queries or documents): their activations are quantised per batch, and a query embedded with
+    others came out at a cosine of 0.97 to itself alone. With a batch size of 1 (quantized documents) the
+    coalescer only takes turns: one forward pass at a time, each text alone.
     """
 
     def __init__(self, embed: Callable[[list[str]], list[list[float]]], observe: Callable[[int], None]) -> None:
@@ -525,7 +525,8 @@ class MiniLMDocumentEmbedder:
     padding, and concurrent callers' texts share forward passes. In int8 every text has its own forward
     pass (`batch_size` is then unused): a quantized vector taken in a batch would depend on the batch. So
     in float16 (float16 weights, float32 arithmetic: the default of `MemoryConfig.document_precision`),
-    whose vectors do not depend on their batch but whose matrix product is fastest on one text.
+    whose vectors do not depend on their batch but whose matrix product is fastest on one text. In every
+    precision a process runs one document forward pass at a time: concurrent callers wait their turn.
     As Haystack's document embedders, a document without content is embedded as the empty text (together
     with its `meta_fields_to_embed`, if any), and an empty list gives an empty list.
 
@@ -615,26 +616,20 @@ class MiniLMDocumentEmbedder:
         self.warm_up()
         assert self._backend is not None
         texts = [self._text(d) for d in documents]
-        # int8 vectors depend on their batch: one text per forward pass, never through the coalescer. float16
-        # vectors do not, but its matrix product is fastest on one text: padded batches of eight cost 1.2x
-        # the CPU per text of one text alone (benchmarks/README.md).
-        vectors = self._alone(texts) if self._backend.precision != "float32" else self._coalescer.embed(texts)
+        # Concurrent callers' texts wait their turn in the process's coalescer: on a worker's one CPU thread,
+        # forward passes running side by side cost ~10% more CPU per stored fact than one after the other.
+        # float32 texts share batched passes; quantized ones go one text per pass: int8 vectors depend on
+        # their batch, and float16's product is fastest on one text (a padded batch of eight costs 1.2x per
+        # text; benchmarks/README.md).
+        vectors = self._coalescer.embed(texts)
         return {"documents": [replace(d, embedding=v) for d, v in zip(documents, vectors, strict=True)]}
-
-    def _alone(self, texts: list[str]) -> list[list[float]]:
-        """Each text in its own forward pass: no other text (of this call or a concurrent one) sets the
-        activation scale of a fact's int8 vector, and float16's matrix product runs at its fastest."""
-        assert self._backend is not None
-        for _ in texts:
-            observe_document_batch(1)
-        return self._backend.embed(texts, batch_size=1)
 
     @property
     def _coalescer(self) -> _Coalescer:
         assert self._backend is not None
         coalescer = self.__dict__.get("_shared")
         if coalescer is None:
-            backend, batch_size = self._backend, self.batch_size
-            coalescer = _coalescer_for(backend, batch_size)
+            backend = self._backend
+            coalescer = _coalescer_for(backend, self.batch_size if backend.precision == "float32" else 1)
             self.__dict__["_shared"] = coalescer
         return coalescer

@@ -459,6 +459,46 @@ class TestFloat16Weights:
         assert sum(texts for texts, _ in passes) == len(FACTS), passes
         assert all(batch_size == 1 for _, batch_size in passes), passes  # one text per forward pass
 
+    @pytest.mark.parametrize("precision", ["float16", "int8"])
+    def test_concurrent_callers_take_turns_one_text_per_pass(
+        self, model_path: str, precision: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Quantized documents of concurrent callers: one forward pass at a time in the process (on a
+        worker's one CPU thread, passes side by side cost more CPU per fact), each of one text."""
+        backend = minilm_embedders._backend(model_path, precision)
+        embed = backend.embed
+        lock = threading.Lock()
+        running, most, sizes = [0], [0], []
+
+        def recorded(texts: Any, batch_size: int) -> list[list[float]]:
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+                sizes.append(batch_size)
+            try:
+                return embed(texts, batch_size)
+            finally:
+                with lock:
+                    running[0] -= 1
+
+        monkeypatch.setattr(backend, "embed", recorded)
+        alone = {t: embed([t], 1)[0] for t in FACTS}
+        results: list[dict[str, Any]] = []
+
+        def work(n: int) -> None:
+            embedder = MiniLMDocumentEmbedder(model=model_path, precision=precision, batch_size=8)
+            for text in FACTS[n:] + FACTS[:n]:
+                (doc,) = embedder.run(documents=[Document(content=text)])["documents"]
+                results.append({doc.content: doc.embedding})
+
+        together(work, count=6)
+        assert most[0] == 1  # never two forward passes at once
+        assert set(sizes) == {1}
+        assert len(results) == 6 * len(FACTS)
+        for result in results:
+            ((text, vector),) = result.items()
+            assert vector == alone[text]
+
     def test_round_trip_through_dict_and_yaml(self, model_path: str) -> None:
         pipe = Pipeline()
         pipe.add_component("documents", MiniLMDocumentEmbedder(model=model_path, precision="float16"))
