@@ -332,6 +332,16 @@ class TestThreads:
             assert np.abs(np.asarray(results[n]) - np.asarray(expected)).max() <= 1e-6
 
 
+def without_quantization(monkeypatch: pytest.MonkeyPatch, reason: str) -> None:
+    """A torch whose quantization fails (no quantized engine, no fp16 kernels), until `monkeypatch.undo()`."""
+    import torch.ao.quantization
+
+    def no_quantization(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(reason)
+
+    monkeypatch.setattr(torch.ao.quantization, "quantize_dynamic", no_quantization)
+
+
 class TestInt8Queries:
     """`MiniLMTextEmbedder(precision="int8")`: dynamically quantized linear layers, close to float32."""
 
@@ -372,12 +382,7 @@ class TestInt8Queries:
         self, fresh_model: str, model_path: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
     ) -> None:
         """A torch without quantized kernels: a warning, and the float32 vectors."""
-        import torch.ao.quantization
-
-        def no_quantization(*args: Any, **kwargs: Any) -> Any:
-            raise RuntimeError("no quantized engine")
-
-        monkeypatch.setattr(torch.ao.quantization, "quantize_dynamic", no_quantization)
+        without_quantization(monkeypatch, "no quantized engine")
         with caplog.at_level(logging.WARNING, logger=minilm_embedders.__name__):
             got = MiniLMTextEmbedder(model=fresh_model, precision="int8").run(text=TEXTS[2])["embedding"]
         warnings = [r for r in caplog.records if r.name == minilm_embedders.__name__]
@@ -511,12 +516,7 @@ class TestFloat16Weights:
         self, fresh_model: str, model_path: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
     ) -> None:
         """A torch without FBGEMM's fp16 kernels (not x86): a warning, and the float32 vectors."""
-        import torch.ao.quantization
-
-        def no_quantization(*args: Any, **kwargs: Any) -> Any:
-            raise RuntimeError("no fp16 kernels")
-
-        monkeypatch.setattr(torch.ao.quantization, "quantize_dynamic", no_quantization)
+        without_quantization(monkeypatch, "no fp16 kernels")
         with caplog.at_level(logging.WARNING, logger=minilm_embedders.__name__):
             embedder = MiniLMDocumentEmbedder(model=fresh_model, precision="float16")
             got = [d.embedding for d in embedder.run(documents=[Document(content=t) for t in FACTS])["documents"]]
@@ -611,12 +611,7 @@ class TestInt8Documents:
     ) -> None:
         """Without quantized kernels the int8 embedder gives the float32 vectors (batched: they do not
         depend on their batch)."""
-        import torch.ao.quantization
-
-        def no_quantization(*args: Any, **kwargs: Any) -> Any:
-            raise RuntimeError("no quantized engine")
-
-        monkeypatch.setattr(torch.ao.quantization, "quantize_dynamic", no_quantization)
+        without_quantization(monkeypatch, "no quantized engine")
         embedder = MiniLMDocumentEmbedder(model=fresh_model, precision="int8")
         got = [d.embedding for d in embedder.run(documents=[Document(content=t) for t in FACTS])["documents"]]
         assert embedder._backend is not None
