@@ -156,7 +156,8 @@ class MemoryConfig(BaseModel):
         "(float16 weights, float32 arithmetic: the float32 vector within ~1e-4 at about two thirds of its CPU), "
         "`float32` (the sentence-transformers vector) or `int8` (int8 linear layers, one fact per forward pass "
         "so that its vector depends only on its text: about half the CPU of float32, but LoCoMo R@1 and MRR "
-        "fall by ~0.009). In float16 and float32 concurrent stores share batched forward passes. See "
+        "fall by ~0.009). In float32 concurrent stores share batched forward passes; float16 and int8 embed one "
+        "fact per forward pass, one pass at a time. See "
         "`benchmarks/README.md`. Facts stored before a change keep their vectors. Also bound into the served "
         "store YAML's MiniLM document embedder (its `precision`).",
     )
