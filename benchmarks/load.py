@@ -555,8 +555,7 @@ def seed_with(
     lines = dict(x.split(" ", 1) for x in done.stdout.splitlines() if x.startswith(("TOKENS ", "PACKAGE ")))
     if done.returncode != 0 or "TOKENS" not in lines:
         raise RuntimeError(f"seeding failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-    expected = (revision_path or REPO).resolve()
-    if revision_path is not None and not Path(lines["PACKAGE"]).resolve().is_relative_to(expected):
+    if revision_path is not None and not Path(lines["PACKAGE"]).resolve().is_relative_to(revision_path.resolve()):
         raise RuntimeError(f"seeding {revision_path} imported the package at {lines['PACKAGE']}")
     return list(json.loads(lines["TOKENS"]))
 
