@@ -19,6 +19,7 @@ from psycopg import sql
 
 from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.store.candidates import ScopeHit
+from haystack_osa_memory.store.database import rendered
 from haystack_osa_memory.store.ranking import RankingParams, ScopeStats, rank_scope
 from haystack_osa_memory.store.recall_rows import term_key
 from haystack_osa_memory.store.scope_cache import governing_row_by_id
@@ -169,20 +170,24 @@ class BigScopes:
 
     def _init_big_scopes(self, names: dict[str, sql.Identifier]) -> None:
         """Compose the big-scope statements for these schema and table names (`MemoryConfig.sql_names`)."""
-        self._scope_stats = SCOPE_STATS.format(**names)
-        self._big_df = BIG_SCOPE_DF.format(**names)
-        self._big_lexical = BIG_SCOPE_LEXICAL.format(**names)
-        self._big_vector = BIG_SCOPE_VECTOR.format(dimension=sql.Literal(self.config.embedding_dimension), **names)
-        self._big_rows = BIG_SCOPE_ROWS.format(
-            before=BIG_SCOPE_NEIGHBOURS.format(
-                direction=sql.SQL("<="), order=sql.SQL("DESC"), limit=sql.Placeholder("walk_before"), **names
-            ),
-            after=BIG_SCOPE_NEIGHBOURS.format(
-                direction=sql.SQL(">"), order=sql.SQL("ASC"), limit=sql.Placeholder("walk_after"), **names
-            ),
-            valid_at=VALID_AT,
-            governing_row=governing_row_by_id(names, sql.SQL("w.document_id")),
-            **names,
+        self._scope_stats = rendered(SCOPE_STATS.format(**names))
+        self._big_df = rendered(BIG_SCOPE_DF.format(**names))
+        self._big_lexical = rendered(BIG_SCOPE_LEXICAL.format(**names))
+        self._big_vector = rendered(
+            BIG_SCOPE_VECTOR.format(dimension=sql.Literal(self.config.embedding_dimension), **names)
+        )
+        self._big_rows = rendered(
+            BIG_SCOPE_ROWS.format(
+                before=BIG_SCOPE_NEIGHBOURS.format(
+                    direction=sql.SQL("<="), order=sql.SQL("DESC"), limit=sql.Placeholder("walk_before"), **names
+                ),
+                after=BIG_SCOPE_NEIGHBOURS.format(
+                    direction=sql.SQL(">"), order=sql.SQL("ASC"), limit=sql.Placeholder("walk_after"), **names
+                ),
+                valid_at=VALID_AT,
+                governing_row=governing_row_by_id(names, sql.SQL("w.document_id")),
+                **names,
+            )
         )
         # Both expire `SCOPE_STATS_TTL_S` after they were read; cachetools' caches are not thread-safe: every
         # use holds `_sizes_lock`.

@@ -48,6 +48,22 @@ SHARED_BUFFERS_MAX_MB = 1024
 _starting_shared_buffers: ContextVar[str | None] = ContextVar("starting_shared_buffers", default=None)
 
 
+def rendered(statement: sql.Composable) -> bytes:
+    """``statement`` as the bytes psycopg sends, rendered once instead of on every execute.
+
+    psycopg renders a `sql.Composed` again each time it runs one: 0.24 ms for the fact-writing statement,
+    more than its parameters cost. Only identifiers are composed into our statements, and they are ASCII
+    (checked here), so the bytes are the same on every connection; values stay parameters.
+
+    :raises ConfigurationError: the rendered statement is not ASCII.
+    """
+    raw = statement.as_bytes(None)
+    if not raw.isascii():
+        msg = "a statement composed with non-ASCII identifiers cannot be rendered once; schema names must be ASCII"
+        raise ConfigurationError(msg)
+    return raw
+
+
 def embedded_shared_buffers(config: MemoryConfig | None = None) -> str:
     """The ``shared_buffers`` the embedded PostgreSQL starts with: ``config.pg_shared_buffers``, or without a
     config `SHARED_BUFFERS_ENV` (read by the settings loader); else sized from the machine's memory.

@@ -15,7 +15,7 @@ from psycopg import sql
 
 from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.errors import DatabaseError, SupersessionError
-from haystack_osa_memory.store.database import fact_scope, transaction
+from haystack_osa_memory.store.database import fact_scope, rendered, transaction
 from haystack_osa_memory.store.recall_rows import lexeme_stats, term_keys_of, vector_literal
 from haystack_osa_memory.store.scope_query import VALID_FROM
 from haystack_osa_memory.tools import (
@@ -202,19 +202,23 @@ class FactWriting:
 
     def _init_writing(self, names: dict[str, sql.Identifier]) -> None:
         """Compose the writing statements for these schema and table names (`MemoryConfig.sql_names`)."""
-        self._supersede = SUPERSEDE.format(**names, valid_from=VALID_FROM, valid_from_text=_VALID_FROM_TEXT)
-        self._supersede_refusals = SUPERSEDE_REFUSALS.format(**names, valid_from=VALID_FROM)
-        self._detach_successor = DETACH_SUCCESSOR.format(**names)
-        self._inherit_terms = INHERIT_TERMS.format(
-            **names,
-            lexeme_stats=lexeme_stats(sql.SQL("x.tsv")),
-            term_keys=term_keys_of(sql.SQL("ls.terms"), sql.SQL("%(org_id)s"), sql.SQL("%(assignment_id)s")),
+        self._supersede = rendered(SUPERSEDE.format(**names, valid_from=VALID_FROM, valid_from_text=_VALID_FROM_TEXT))
+        self._supersede_refusals = rendered(SUPERSEDE_REFUSALS.format(**names, valid_from=VALID_FROM))
+        self._detach_successor = rendered(DETACH_SUCCESSOR.format(**names))
+        self._inherit_terms = rendered(
+            INHERIT_TERMS.format(
+                **names,
+                lexeme_stats=lexeme_stats(sql.SQL("x.tsv")),
+                term_keys=term_keys_of(sql.SQL("ls.terms"), sql.SQL("%(org_id)s"), sql.SQL("%(assignment_id)s")),
+            )
         )
-        self._write_fact = WRITE_FACT.format(
-            upsert_row=UPSERT_GOVERNING_ROW.format(**names),
-            lexeme_stats=lexeme_stats(sql.SQL("x.tsv")),
-            term_keys=term_keys_of(sql.SQL("ls.terms"), sql.SQL("%(org_id)s"), sql.SQL("%(assignment_id)s")),
-            **names,
+        self._write_fact = rendered(
+            WRITE_FACT.format(
+                upsert_row=UPSERT_GOVERNING_ROW.format(**names),
+                lexeme_stats=lexeme_stats(sql.SQL("x.tsv")),
+                term_keys=term_keys_of(sql.SQL("ls.terms"), sql.SQL("%(org_id)s"), sql.SQL("%(assignment_id)s")),
+                **names,
+            )
         )
 
     def write(

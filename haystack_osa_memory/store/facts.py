@@ -51,7 +51,7 @@ from haystack_osa_memory.store.big_scope import (
     postings_prefix,
 )
 from haystack_osa_memory.store.candidates import SCOPE_FACTS, SCOPE_ROWS, Candidate, ScopeHit, exact_hits, with_text
-from haystack_osa_memory.store.database import read
+from haystack_osa_memory.store.database import read, rendered
 from haystack_osa_memory.store.fact_writing import (
     DETACH_SUCCESSOR,
     INHERIT_TERMS,
@@ -220,13 +220,17 @@ class FactRepository(FactWriting, BigScopes):
         names = config.sql_names()
         self._init_writing(names)
         self._init_big_scopes(names)
-        self._scope_rows = SCOPE_ROWS.format(
+        self._scope_rows_composed = SCOPE_ROWS.format(
             **names,
             valid_at=VALID_AT,
             lexeme_stats=lexeme_stats(sql.SQL("v.tsv"), sql.SQL("u.lexeme = ANY (%(lexemes)s::text[])")),
         )
-        self._scope_facts = SCOPE_FACTS.format(
-            **names, valid_at=VALID_AT, governing_row=governing_row_by_id(names, sql.SQL("r.document_id"))
+        # The statements a recall runs, rendered once (`database.rendered`).
+        self._scope_rows = rendered(self._scope_rows_composed)
+        self._scope_facts = rendered(
+            SCOPE_FACTS.format(
+                **names, valid_at=VALID_AT, governing_row=governing_row_by_id(names, sql.SQL("r.document_id"))
+            )
         )
         #: Scopes with more recall rows than this take the big-scope path (candidates from indexes).
         self.exact_scope_max = EXACT_SCOPE_MAX
@@ -235,10 +239,12 @@ class FactRepository(FactWriting, BigScopes):
             ScopeCache(config.scope_cache_facts, config.embedding_dimension) if config.scope_cache_facts else None
         )
         self._cache_statements = CacheStatements.compose(names, VALID_AT)
-        self._held_terms_check = HELD_TERMS_CHECK.format(query_terms=QUERY_TERMS, check=self._cache_statements.check)
+        self._held_terms_check = rendered(
+            HELD_TERMS_CHECK.format(query_terms=QUERY_TERMS, check=self._cache_statements.check)
+        )
         self._statistics_checked = -math.inf
-        self._governing_rows = GOVERNING_ROWS.format(**names)
-        self._cosines_to = COSINES_TO.format(**names)
+        self._governing_rows = rendered(GOVERNING_ROWS.format(**names))
+        self._cosines_to = rendered(COSINES_TO.format(**names))
 
     def scoped_candidates(
         self,
@@ -364,7 +370,7 @@ class FactRepository(FactWriting, BigScopes):
     @property
     def scope_rows_statement(self) -> sql.Composed:
         """`SCOPE_ROWS` for this configuration (for EXPLAIN, or to run it on a connection of your own)."""
-        return self._scope_rows
+        return self._scope_rows_composed
 
     def analyze(self, conn: psycopg.Connection[Any] | None = None) -> bool:
         """Refresh the planner's statistics of the governing, chunk and recall-row tables (`ANALYZE_FACT_TABLES`);

@@ -23,7 +23,7 @@ from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.errors import InvalidInputError
 from haystack_osa_memory.markers import strip_marker
 from haystack_osa_memory.privacy.gate import redact_optional
-from haystack_osa_memory.store.database import fact_scope, read, transaction
+from haystack_osa_memory.store.database import fact_scope, read, rendered, transaction
 from haystack_osa_memory.store.facts import FACT_SOURCE, INHERIT_TERMS, INSERT_AUDIT, lexeme_stats, term_keys_of
 from haystack_osa_memory.tools import (
     APPROVED,
@@ -415,11 +415,14 @@ class LifecycleRepository:
         self.conn_str = conn_str
         self.config = config
         names = {**config.sql_names(), "scoped": _SCOPED}
-        self._q = {name: statement.format(**names) for name, statement in _STATEMENTS.items()}
-        self._q["INHERIT_TERMS"] = INHERIT_TERMS.format(
-            **config.sql_names(),
-            lexeme_stats=lexeme_stats(sql.SQL("x.tsv")),
-            term_keys=term_keys_of(sql.SQL("ls.terms"), sql.SQL("%(org_id)s"), sql.SQL("%(assignment_id)s")),
+        # Rendered once (`database.rendered`): the kill-switch check runs on every call.
+        self._q = {name: rendered(statement.format(**names)) for name, statement in _STATEMENTS.items()}
+        self._q["INHERIT_TERMS"] = rendered(
+            INHERIT_TERMS.format(
+                **config.sql_names(),
+                lexeme_stats=lexeme_stats(sql.SQL("x.tsv")),
+                term_keys=term_keys_of(sql.SQL("ls.terms"), sql.SQL("%(org_id)s"), sql.SQL("%(assignment_id)s")),
+            )
         )
 
     # -- helpers ---------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.errors import AuthenticationError, InvalidInputError
 from haystack_osa_memory.markers import check_identifier
 from haystack_osa_memory.privacy.gate import redact_optional
-from haystack_osa_memory.store.database import read, transaction
+from haystack_osa_memory.store.database import read, rendered, transaction
 from haystack_osa_memory.store.facts import INSERT_AUDIT
 
 TOKEN_PREFIX = "osam_"  # noqa: S105 - a public prefix, not a secret
@@ -176,7 +176,8 @@ class TokenStore:
         self.config = config
         schema = sql.Identifier(config.memory_schema)
         self._insert = INSERT_TOKEN.format(schema=schema)
-        self._select = SELECT_TOKEN.format(schema=schema)
+        # Rendered once (`database.rendered`): every call's token is checked with it.
+        self._select = rendered(SELECT_TOKEN.format(schema=schema))
         self._revoke = REVOKE_TOKEN.format(schema=schema)
         self._active = TOKEN_ACTIVE.format(schema=schema)
         self._list = LIST_TOKENS.format(schema=schema)

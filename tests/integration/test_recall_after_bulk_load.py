@@ -50,9 +50,14 @@ def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from plan_nodes(child)
 
 
-def explain(pg_conn_str: str, statement: sql.Composable, params: dict[str, Any]) -> list[dict[str, Any]]:
+def explain(pg_conn_str: str, statement: sql.Composable | bytes, params: dict[str, Any]) -> list[dict[str, Any]]:
     with psycopg.connect(pg_conn_str) as conn:
-        row = conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + statement, params).fetchone()
+        query = (
+            b"EXPLAIN (FORMAT JSON) " + statement
+            if isinstance(statement, bytes)
+            else sql.SQL("EXPLAIN (FORMAT JSON) ") + statement
+        )
+        row = conn.execute(query, params).fetchone()
     assert row is not None
     return list(plan_nodes(row[0][0]["Plan"]))
 
