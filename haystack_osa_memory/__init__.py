@@ -46,6 +46,7 @@ _EXPORTS: dict[str, str] = {
     "build_customer_search_pipeline": "haystack_osa_memory.builders",
     "build_recall_pipeline": "haystack_osa_memory.builders",
     "build_store_pipeline": "haystack_osa_memory.builders",
+    "use_lean_input_copies": "haystack_osa_memory.pipeline_inputs",
 }
 
 __all__ = [
@@ -81,6 +82,7 @@ __all__ = [
     "caller_scope",
     "current_caller",
     "shared_memory",
+    "use_lean_input_copies",
 ]
 
 if TYPE_CHECKING:
@@ -117,6 +119,7 @@ if TYPE_CHECKING:
         ScopeError,
     )
     from haystack_osa_memory.memory import Memory, shared_memory
+    from haystack_osa_memory.pipeline_inputs import use_lean_input_copies
     from haystack_osa_memory.store.memory_store import MemoryStore
 
 
