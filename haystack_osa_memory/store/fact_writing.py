@@ -16,7 +16,8 @@ from psycopg import sql
 from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.errors import DatabaseError, SupersessionError
 from haystack_osa_memory.store.database import fact_scope, rendered, transaction
-from haystack_osa_memory.store.recall_rows import lexeme_stats, term_keys_of, vector_literal
+from haystack_osa_memory.store.parameters import vector_parameter
+from haystack_osa_memory.store.recall_rows import lexeme_stats, term_keys_of
 from haystack_osa_memory.store.scope_query import VALID_FROM
 from haystack_osa_memory.tools import (
     APPROVED,
@@ -259,7 +260,7 @@ class FactWriting:
                 "assignment_id": row["metadata"].get("assignment_id"),
                 "kind": row["metadata"].get("kind"),
                 "chunk_id": chunk["id"],
-                "embedding": vector_literal(chunk.get("embedding")),
+                "embedding": vector_parameter(chunk.get("embedding")),
                 "content": chunk["content"],
                 "meta": json.dumps(chunk["meta"]),
                 "language": self.config.language,

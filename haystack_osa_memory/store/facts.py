@@ -62,6 +62,7 @@ from haystack_osa_memory.store.fact_writing import (
     WRITE_FACT,
     FactWriting,
 )
+from haystack_osa_memory.store.parameters import text_array, vector_parameter
 from haystack_osa_memory.store.ranking import RankingParams
 from haystack_osa_memory.store.recall_rows import (
     LEXEME_HASH,
@@ -289,7 +290,7 @@ class FactRepository(FactWriting, BigScopes):
         params = {
             **scope.params(self.config.admitted_statuses),
             "language": self.config.language,
-            "embedding": vector_literal(embedding),
+            "embedding": vector_parameter(embedding),
         }
         with self._reading(conn) as c, c.cursor(binary=True) as cur:
             size = self.scope_size(scope.org_id, scope.assignment_id, conn=c)
@@ -307,14 +308,15 @@ class FactRepository(FactWriting, BigScopes):
                 # The query's lexemes and the held scope's check in one round trip.
                 row = cur.execute(self._held_terms_check, {**params, "query": query}).fetchone()
                 assert row is not None  # an aggregate over a one-row join: always one row
-                params["lexemes"], query_terms = list(row[0]), list(row[1])
+                lexemes, query_terms = list(row[0]), list(row[1])
                 seen = Check(int(row[2]), int(row[3]), int(row[4]))
             else:
-                params["lexemes"], query_terms = self.query_terms(query, conn=c)
+                lexemes, query_terms = self.query_terms(query, conn=c)
             boost_terms = boost.hashes if boost is not None and ranking.time_boost else []
             if boost_terms:
                 assert boost is not None
-                params["lexemes"] = [*params["lexemes"], *boost.lexemes]  # the fallback packs only these
+                lexemes = [*lexemes, *boost.lexemes]  # the fallback packs only these
+            params["lexemes"] = text_array(lexemes)
             if size.facts > self.exact_scope_max:
                 if held_here and cache is not None:
                     with cache.use(cur, self._cache_statements, params, seen) as held:
@@ -339,8 +341,8 @@ class FactRepository(FactWriting, BigScopes):
             return []
         params = {
             **scope.params(self.config.admitted_statuses),
-            "document_ids": [h.document_id for h in hits],
-            "chunk_ids": [h.chunk_id for h in hits],
+            "document_ids": text_array([h.document_id for h in hits]),
+            "chunk_ids": text_array([h.chunk_id for h in hits]),
         }
         with self._reading(conn) as c:
             details = {row[0]: row[1:] for row in c.execute(self._scope_facts, params).fetchall()}
@@ -356,7 +358,7 @@ class FactRepository(FactWriting, BigScopes):
         """The cosine similarity of a fact to each of ``others`` (`COSINES_TO`); facts without vectors are absent."""
         if not others:
             return {}
-        params = {"document_id": document_id, "ids": list(others), "org_id": org_id}
+        params = {"document_id": document_id, "ids": text_array(others), "org_id": org_id}
         with self.reading() as conn:
             return {r[0]: float(r[1]) for r in conn.execute(self._cosines_to, params).fetchall()}
 
@@ -411,5 +413,5 @@ class FactRepository(FactWriting, BigScopes):
         if not document_ids:
             return {}
         with read(self.conn_str, self.config) as conn:
-            rows = conn.execute(self._governing_rows, (list(document_ids), org_id)).fetchall()
+            rows = conn.execute(self._governing_rows, (text_array(document_ids), org_id)).fetchall()
         return {r[0]: GoverningRow(*r) for r in rows}

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from psycopg import sql
 
+from haystack_osa_memory.store.parameters import text_array
 from haystack_osa_memory.tools import CONSOLIDATED
 
 FACT_SOURCE = "agent_fact"
@@ -83,9 +84,9 @@ class ScopeQuery:
         return {
             "org_id": self.org_id,
             "assignment_id": self.assignment_id,
-            "audiences": list(self.audiences),
-            "statuses": admitted,
-            "read_statuses": [*admitted, *(s for s in CONTEXT_STATUSES if s not in admitted)],
+            "audiences": text_array(self.audiences),
+            "statuses": text_array(admitted),
+            "read_statuses": text_array([*admitted, *(s for s in CONTEXT_STATUSES if s not in admitted)]),
             "valid_at": self.valid_at,
             "history": self.history,
         }
