@@ -14,6 +14,7 @@ import platform
 import statistics
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -109,6 +110,15 @@ def machine_info(conn_str: str | None = None) -> dict[str, Any]:
 def database(prefix: str) -> AbstractContextManager[str]:
     """``PG_CONN_STR``, else an embedded PostgreSQL + pgvector in a temporary directory (deleted afterwards)."""
     return scratch_database(prefix=prefix)
+
+
+def postmaster_pid(conn_str: str) -> int | None:
+    """The pid of the cluster's postmaster (first line of postmaster.pid in its data directory)."""
+    with suppress(Exception), psycopg.connect(conn_str) as conn:
+        row = conn.execute("SHOW data_directory").fetchone()
+        if row:
+            return int((Path(row[0]) / "postmaster.pid").read_text().split()[0])
+    return None
 
 
 def drop_schema(conn_str: str, *schemas: str) -> None:

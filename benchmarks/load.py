@@ -47,7 +47,6 @@ from typing import Any
 
 import httpx
 import psutil
-import psycopg
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from rich.console import Console
@@ -56,7 +55,7 @@ from rich.table import Table
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
 
-from benchmarks.harness import database, machine_info, percentiles
+from benchmarks.harness import database, machine_info, percentiles, postmaster_pid
 from benchmarks.wrk_driver import WrkResult, remove_worktree, run_wrk, worktree
 from haystack_osa_memory import Caller, Memory, MemoryConfig
 from haystack_osa_memory.store.schema import ensure_schema
@@ -571,15 +570,6 @@ def pss_by_process(pid: int) -> dict[str, float]:
                     label = "serve" if p.pid == pid else f"worker {p.pid}"
                     out[label] = round(p.memory_full_info().pss / 2**20, 1)
     return out
-
-
-def postmaster_pid(conn_str: str) -> int | None:
-    """The pid of the cluster's postmaster (first line of postmaster.pid in its data directory)."""
-    with suppress(Exception), psycopg.connect(conn_str) as conn:
-        row = conn.execute("SHOW data_directory").fetchone()
-        if row:
-            return int((Path(row[0]) / "postmaster.pid").read_text().split()[0])
-    return None
 
 
 def run_wrk_phase(
