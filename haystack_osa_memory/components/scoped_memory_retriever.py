@@ -95,16 +95,18 @@ def newer_first(
     if not subject:
         return candidates, {}
     since = [valid_from_of(c) for c in candidates]
+    score = [scores.get(c.document_id, 0.0) for c in candidates]
+    named = [subject <= bag for bag in bags]
     n = len(candidates)
     pairs: dict[int, set[int]] = {}
     for a in range(n):
+        if not named[a]:
+            continue  # (every test below is per pair and side-effect free: the cheapest go first)
         for b in range(a + 1, n):
-            high, low = sorted(
-                (scores.get(candidates[a].document_id, 0.0), scores.get(candidates[b].document_id, 0.0))
-            )[::-1]
-            if high <= 0 or low < CONFLICT_SCORE_RATIO * high or since[a] == since[b]:
+            if not named[b] or since[a] == since[b]:
                 continue
-            if not (subject <= bags[a] and subject <= bags[b]) or not value_changed(words[a], words[b]):
+            high, low = (score[a], score[b]) if score[a] >= score[b] else (score[b], score[a])
+            if high <= 0 or low < CONFLICT_SCORE_RATIO * high or not value_changed(words[a], words[b]):
                 continue
             # Beyond the subject both name, they must say the same thing (not the subject's other attributes).
             if similarity(words[a], words[b], weights, ignore=subject) >= CONFLICT_SIMILARITY_MIN:
