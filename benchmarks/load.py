@@ -56,6 +56,7 @@ from rich.table import Table
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
 
 from benchmarks.harness import database, machine_info, percentiles, postmaster_pid
+from benchmarks.workload import fact_text, query_text, tag
 from benchmarks.wrk_driver import WrkResult, remove_worktree, run_wrk, worktree
 from haystack_osa_memory import Caller, Memory, MemoryConfig
 from haystack_osa_memory.store.schema import ensure_schema
@@ -71,24 +72,6 @@ OSA_MEMORY = [*PYTHON, "-m", "haystack_osa_memory.cli"]
 START_TIMEOUT_S = 180.0
 #: Seconds the client processes may take to start and open their sessions before a phase.
 READY_TIMEOUT_S = 300.0
-
-SUBJECTS = ["staging", "billing", "search", "ingest", "auth", "reports", "mobile", "gateway", "scheduler", "ledger"]
-THINGS = ["VPN profile", "cache bucket", "deploy window", "feature flag", "runbook", "on-call rota", "db replica"]
-VERBS = ["uses", "needs", "moved to", "depends on", "is pinned to", "was switched to"]
-
-
-def tag(assignment: int) -> str:
-    """The word every fact of assignment ``assignment`` carries (and no other assignment's does)."""
-    return f"zq{assignment:03d}tag"
-
-
-def fact_text(assignment: int, n: int, rnd: random.Random) -> str:
-    subject, thing, verb = rnd.choice(SUBJECTS), rnd.choice(THINGS), rnd.choice(VERBS)
-    return f"{tag(assignment)}: {subject} {thing} {verb} value-{rnd.randrange(10**6)} (note {n})"
-
-
-def query_text(assignment: int, rnd: random.Random) -> str:
-    return f"{tag(assignment)} which {rnd.choice(THINGS)} does {rnd.choice(SUBJECTS)} use?"
 
 
 @dataclass

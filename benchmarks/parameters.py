@@ -29,25 +29,12 @@ from typing import Any
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
 
 from benchmarks.harness import database, fresh_schema, machine_info, postmaster_pid
-from haystack_osa_memory import Caller, Memory, MemoryConfig, use_lean_input_copies
+from benchmarks.workload import caller_of, cluster_cpu_s, fact_text, query_text
+from haystack_osa_memory import Memory, MemoryConfig, use_lean_input_copies
 from haystack_osa_memory.store import fact_writing, facts, scope_query
 from haystack_osa_memory.store.parameters import text_array, vector_parameter
 from haystack_osa_memory.store.recall_rows import vector_literal
 from haystack_osa_memory.transfer import ImportItem
-
-SUBJECTS = ("staging", "billing", "search", "ingest", "auth", "reports", "mobile", "gateway", "scheduler", "ledger")
-THINGS = ("VPN profile", "cache bucket", "deploy window", "feature flag", "runbook", "on-call rota", "db replica")
-VERBS = ("uses", "needs", "moved to", "depends on", "is pinned to", "was switched to")
-
-
-def fact_text(assignment: int, n: int, rnd: random.Random) -> str:
-    """A fact of the kind `load.py` stores: the assignment's tag word, a subject, a thing and a value."""
-    subject, thing, verb = rnd.choice(SUBJECTS), rnd.choice(THINGS), rnd.choice(VERBS)
-    return f"zq{assignment:03d}tag: {subject} {thing} {verb} value-{rnd.randrange(10**6)} (note {n})"
-
-
-def query_text(assignment: int, rnd: random.Random) -> str:
-    return f"zq{assignment:03d}tag which {rnd.choice(THINGS)} does {rnd.choice(SUBJECTS)} use?"
 
 
 def use_binary(binary: bool) -> None:
@@ -56,29 +43,6 @@ def use_binary(binary: bool) -> None:
     fact_writing.vector_parameter = vector_parameter if binary else vector_literal  # type: ignore[assignment]
     facts.text_array = text_array if binary else list  # type: ignore[assignment]
     scope_query.text_array = text_array if binary else list  # type: ignore[assignment]
-
-
-def cluster_cpu_s(postmaster: int | None) -> float:
-    """CPU seconds of the database cluster: its postmaster and that process's children (/proc)."""
-    if postmaster is None:
-        return 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(entry) == postmaster or int(fields[1]) == postmaster:
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
-
-
-def caller_of(assignment: int) -> Caller:
-    return Caller(org_id=f"load-org-{assignment % 2}", assignment_id=f"asg-{assignment:03d}", specialist_id="s")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

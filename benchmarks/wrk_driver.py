@@ -26,7 +26,7 @@ from typing import Any
 WRK = "wrk"
 THREADS = 2
 
-# Words the queries are drawn from (the seeded facts use the same vocabulary, load.fact_text).
+# Words the queries are drawn from (the seeded facts use the same vocabulary, workload.fact_text).
 LUA = r"""
 local tokens = {TOKENS}
 local tags = {TAGS}
