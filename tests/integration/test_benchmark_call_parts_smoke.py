@@ -1,0 +1,50 @@
+"""Smoke test of benchmarks/call_parts.py: both parts, small, in this process against the session's PostgreSQL
+(``PG_CONN_STR``). It checks that each way ran as it says (stores answered with or without suggestions), that
+the read statements were explained and no write was (an ``EXPLAIN ANALYZE`` of a write would store twice);
+the figures themselves come from the full run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, load_benchmark
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def run(tmp_path: Path, *argv: str) -> dict[str, object]:
+    script = load_benchmark(REPO / "benchmarks" / "call_parts.py", "call_parts_under_test")
+    out = tmp_path / "parts.json"
+    assert script.main([*argv, "--assignments", "2", "--facts", "5", "--warmup", "1", "--json", str(out)]) == 0
+    result: dict[str, object] = json.loads(out.read_text(encoding="utf-8"))["result"]
+    return result
+
+
+def test_search_part_measures_stores_with_and_without_the_search(pg_conn_str: str, tmp_path: Path) -> None:
+    result = run(tmp_path, "--part", "search", "--block", "3", "--rounds", "2")
+    # 1 warm-up store and 2 blocks of 3 each way: every store with the search answered with suggestions.
+    assert result["answers_with_suggestions"] == {"with_search": 7, "without_search": 0}
+    server = result["server"]
+    assert isinstance(server, dict)
+    assert server["without_ms"] > 0
+    assert server["with_ms"] > 0
+
+
+def test_plans_part_explains_reads_and_never_a_write(pg_conn_str: str, tmp_path: Path) -> None:
+    result = run(tmp_path, "--part", "plans", "--calls", "3")
+    statements = result["statements"]
+    assert isinstance(statements, list)
+    by_text = {s["statement"]: s for s in statements}
+    scope_rows = [s for text, s in by_text.items() if text.startswith("WITH s AS MATERIALIZED")]
+    assert len(scope_rows) == 1
+    assert scope_rows[0]["runs"] == 6  # 3 recalls and the 3 stores' searches for the facts they replace
+    assert all(s["planning_ms"] > 0 and s["execution_ms"] >= 0 for s in statements)
+    assert not any("INSERT" in text.upper() for text in by_text)
+    not_explained = result["not_explained"]
+    assert isinstance(not_explained, dict)
+    assert sum(not_explained.values()) >= 3  # the 3 stores' writes (at least)
+    # Each store wrote once (one audit row each): the warm-up store and the 3 measured ones.
+    assert result["store_audit_rows"] == result["stores"] == 4
