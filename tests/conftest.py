@@ -66,6 +66,18 @@ def memory(config: MemoryConfig) -> Memory:
 
 
 @pytest.fixture
+def hybrid_memory(pg_conn_str: str) -> Iterator[Memory]:
+    """Hybrid memory (the default embedders, the offline MiniLM) on a fresh knowledge base of its own."""
+    from haystack_osa_memory.embedders import build_embedders
+
+    cfg = new_schema_config(pg_conn_str, embedder="minilm")
+    ensure_schema(pg_conn_str, cfg)
+    document, text = build_embedders(cfg)
+    yield Memory(cfg, document_embedder=document, text_embedder=text)
+    drop_schema(pg_conn_str, cfg.kb_schema)
+
+
+@pytest.fixture
 def alice() -> Caller:
     return Caller(org_id="acme", assignment_id="asg-alpha", specialist_id="spec-1")
 

@@ -3,7 +3,6 @@ from them as from pgvector's text form and psycopg's own list dumper, and refuse
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -12,11 +11,8 @@ import pytest
 from psycopg import sql
 
 from haystack_osa_memory import Caller, Memory
-from haystack_osa_memory.embedders import build_embedders
 from haystack_osa_memory.store.facts import vector_literal
 from haystack_osa_memory.store.parameters import TextArray, VectorParameter, text_array, vector_parameter
-from haystack_osa_memory.store.schema import ensure_schema
-from tests.conftest import drop_schema, new_schema_config
 
 pytestmark = pytest.mark.integration
 
@@ -106,23 +102,14 @@ def test_lexical_recall_sends_its_id_lists_in_binary(
     assert sum(isinstance(v, TextArray) for v in sent) >= 4  # audiences, statuses, lexemes, the hits' ids
 
 
-@pytest.fixture
-def hybrid(pg_conn_str: str) -> Iterator[Memory]:
-    cfg = new_schema_config(pg_conn_str, embedder="minilm")
-    ensure_schema(pg_conn_str, cfg)
-    document, text = build_embedders(cfg)
-    yield Memory(cfg, document_embedder=document, text_embedder=text)
-    drop_schema(pg_conn_str, cfg.kb_schema)
-
-
 @pytest.mark.embeddings
-def test_hybrid_store_and_recall_send_vectors_in_binary(hybrid: Memory, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hybrid_store_and_recall_send_vectors_in_binary(hybrid_memory: Memory, monkeypatch: pytest.MonkeyPatch) -> None:
     """The stored vector is the one sent, to the float32 bit; the vector side of recall finds a paraphrase
     with no word in common."""
     me = Caller(org_id="acme", assignment_id="asg-1")
     sent = _recording(monkeypatch)
     fact = "The production cluster runs in the Frankfurt region"
-    document_id = hybrid.store(fact, caller=me)["document_id"]
+    document_id = hybrid_memory.store(fact, caller=me)["document_id"]
     vectors = [v for v in sent if isinstance(v, VectorParameter)]
     assert len(vectors) >= 1
     # The fact's vector as sent: 20 bytes of array header, then (length, value) pairs of big-endian int32, float32.
@@ -130,7 +117,7 @@ def test_hybrid_store_and_recall_send_vectors_in_binary(hybrid: Memory, monkeypa
     assert (items["length"] == 4).all()
     expected = items["value"].astype(np.float32)
     assert expected.shape == (384,)
-    cfg = hybrid.config
+    cfg = hybrid_memory.config
     chunk = sql.SQL("SELECT embedding::text FROM {}.{} WHERE meta->>'document_id' = %s").format(
         sql.Identifier(cfg.kb_schema), sql.Identifier(cfg.chunk_table)
     )
@@ -138,7 +125,7 @@ def test_hybrid_store_and_recall_send_vectors_in_binary(hybrid: Memory, monkeypa
         stored = _one(conn, chunk, document_id)
     assert np.array_equal(np.asarray(stored[1:-1].split(","), dtype=np.float32), expected)
     sent.clear()
-    found = hybrid.recall("which city hosts servers in Germany?", limit=1, caller=me)
+    found = hybrid_memory.recall("which city hosts servers in Germany?", limit=1, caller=me)
     assert [f["content"] for f in found["facts"]] == [fact]
     assert any(isinstance(v, VectorParameter) for v in sent)
     assert not any(isinstance(v, (list, str)) and str(v).startswith("[") for v in sent)

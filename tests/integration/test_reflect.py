@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -13,12 +12,9 @@ from haystack.components.generators.chat import MockChatGenerator
 from psycopg import sql
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
-from haystack_osa_memory.embedders import build_embedders
 from haystack_osa_memory.errors import NotFoundError
 from haystack_osa_memory.reflect import chat_summariser, repair_observations
 from haystack_osa_memory.store.lifecycle import LifecycleRepository
-from haystack_osa_memory.store.schema import ensure_schema
-from tests.conftest import drop_schema, new_schema_config
 
 pytestmark = pytest.mark.integration
 
@@ -78,15 +74,6 @@ def test_optional_summariser_is_any_chat_generator(memory: Memory, alice: Caller
     facts = memory.recall("backups nightly", caller=alice)["facts"]
     assert [f["document_id"] for f in facts] == report["observations_created"]
     assert facts[0]["content"].startswith("Backups: nightly at 02:00 UTC on db-main (1 h).")
-
-
-@pytest.fixture
-def hybrid_memory(pg_conn_str: str) -> Iterator[Memory]:
-    cfg = new_schema_config(pg_conn_str, embedder="minilm")
-    ensure_schema(pg_conn_str, cfg)
-    doc, text = build_embedders(cfg)
-    yield Memory(cfg, document_embedder=doc, text_embedder=text)
-    drop_schema(pg_conn_str, cfg.kb_schema)
 
 
 @pytest.mark.embeddings
