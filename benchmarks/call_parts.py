@@ -43,7 +43,14 @@ from psycopg import sql
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
 
 from benchmarks.harness import database, fresh_schema, machine_info, postmaster_pid
-from benchmarks.workload import caller_of, cluster_cpu_s, fact_text, query_text
+from benchmarks.workload import (
+    add_block_arguments,
+    caller_of,
+    check_block_arguments,
+    cluster_cpu_s,
+    fact_text,
+    query_text,
+)
 from haystack_osa_memory import Caller, Memory, MemoryConfig, use_lean_input_copies
 from haystack_osa_memory.transfer import ImportItem
 
@@ -196,17 +203,10 @@ def plans_part(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--part", choices=["search", "plans"], default="search")
-    parser.add_argument("--embedder", choices=["none", "minilm"], default="none")
-    parser.add_argument("--assignments", type=int, default=16)
-    parser.add_argument("--facts", type=int, default=60, help="facts seeded per assignment")
-    parser.add_argument("--block", type=int, default=40, help="stores per block (--part search)")
-    parser.add_argument("--rounds", type=int, default=10, help="pairs of blocks (--part search)")
+    add_block_arguments(parser, assignments=16, block=40, rounds=10, warmup=20)
     parser.add_argument("--calls", type=int, default=200, help="recalls and stores explained (--part plans)")
-    parser.add_argument("--warmup", type=int, default=20, help="calls (each way) before measuring")
-    parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    if min(args.assignments, args.facts, args.block, args.rounds, args.calls) < 1 or args.warmup < 0:
-        parser.error("--assignments, --facts, --block, --rounds and --calls must be at least 1, --warmup at least 0")
+    check_block_arguments(parser, args, "calls")
     if args.part == "search":
         result = search_part(args)
         print(f"{args.embedder} store, {args.rounds} pairs of {args.block}-store blocks, CPU ms per store:")

@@ -29,7 +29,14 @@ from typing import Any
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
 
 from benchmarks.harness import database, fresh_schema, machine_info, postmaster_pid
-from benchmarks.workload import caller_of, cluster_cpu_s, fact_text, query_text
+from benchmarks.workload import (
+    add_block_arguments,
+    caller_of,
+    check_block_arguments,
+    cluster_cpu_s,
+    fact_text,
+    query_text,
+)
 from haystack_osa_memory import Memory, MemoryConfig, use_lean_input_copies
 from haystack_osa_memory.store import fact_writing, facts, scope_query
 from haystack_osa_memory.store.parameters import text_array, vector_parameter
@@ -115,17 +122,10 @@ def summary(samples: dict[bool, list[tuple[float, float]]], args: argparse.Names
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--embedder", choices=["none", "minilm"], default="none")
+    add_block_arguments(parser, assignments=4, block=100, rounds=30, warmup=30)
     parser.add_argument("--phase", choices=["recall", "store"], default="recall")
-    parser.add_argument("--assignments", type=int, default=4)
-    parser.add_argument("--facts", type=int, default=60, help="facts seeded per assignment")
-    parser.add_argument("--block", type=int, default=100, help="calls per block")
-    parser.add_argument("--rounds", type=int, default=30, help="pairs of blocks")
-    parser.add_argument("--warmup", type=int, default=30, help="calls each way before measuring")
-    parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    if min(args.assignments, args.facts, args.block, args.rounds) < 1 or args.warmup < 0:
-        parser.error("--assignments, --facts, --block and --rounds must be at least 1, --warmup at least 0")
+    check_block_arguments(parser, args)
     result = run(args)
     print(f"{args.embedder} {args.phase}, {args.rounds} pairs of {args.block}-call blocks, CPU ms per call:")
     for part in ("server", "postgres", "total"):

@@ -7,6 +7,7 @@ another assignment's fact would show it. `wrk_driver.LUA` draws its queries from
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 from pathlib import Path
@@ -56,3 +57,24 @@ def cluster_cpu_s(postmaster: int | None) -> float:
         if int(entry) == postmaster or int(fields[1]) == postmaster:
             total += (int(fields[11]) + int(fields[12])) / tick
     return total
+
+
+def add_block_arguments(
+    parser: argparse.ArgumentParser, *, assignments: int, block: int, rounds: int, warmup: int
+) -> None:
+    """The options of a benchmark that seeds assignments and measures calls in alternating blocks."""
+    parser.add_argument("--embedder", choices=["none", "minilm"], default="none")
+    parser.add_argument("--assignments", type=int, default=assignments)
+    parser.add_argument("--facts", type=int, default=60, help="facts seeded per assignment")
+    parser.add_argument("--block", type=int, default=block, help="calls per block")
+    parser.add_argument("--rounds", type=int, default=rounds, help="pairs of blocks")
+    parser.add_argument("--warmup", type=int, default=warmup, help="calls each way before measuring")
+    parser.add_argument("--json", type=Path)
+
+
+def check_block_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, *more: str) -> None:
+    """Refuse counts below 1 (the options of `add_block_arguments` and ``more``) and a negative warm-up."""
+    names = ["assignments", "facts", "block", "rounds", *more]
+    if min(getattr(args, n) for n in names) < 1 or args.warmup < 0:
+        listed = ", ".join(f"--{n}" for n in names)
+        parser.error(f"{listed} must be at least 1, --warmup at least 0")
