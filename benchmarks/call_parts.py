@@ -27,11 +27,7 @@ import random
 import re
 import statistics
 import sys
-import time
-import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,17 +38,19 @@ from psycopg import sql
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
 
-from benchmarks.harness import database, fresh_schema, machine_info, postmaster_pid
+from benchmarks.harness import machine_info
 from benchmarks.workload import (
     add_block_arguments,
+    alternating_blocks,
     caller_of,
     check_block_arguments,
-    cluster_cpu_s,
     fact_text,
+    knowledge_base,
+    paired_medians,
     query_text,
+    seed,
 )
-from haystack_osa_memory import Caller, Memory, MemoryConfig, use_lean_input_copies
-from haystack_osa_memory.transfer import ImportItem
+from haystack_osa_memory import Memory
 
 #: A statement that changes data: `EXPLAIN ANALYZE` would run it, so it is never explained.
 WRITES = re.compile(rb"\b(INSERT|UPDATE|DELETE|MERGE|TRUNCATE|CREATE|ALTER|DROP|LOCK|SET|ANALYZE|VACUUM)\b", re.I)
@@ -61,62 +59,30 @@ EXPLAIN = b"EXPLAIN (ANALYZE, SUMMARY ON, FORMAT JSON) "
 STORE_AUDITS = sql.SQL("SELECT count(*) FROM {mem}.audit WHERE action = 'store'")
 
 
-def seeded(memory: Memory, callers: list[Caller], facts: int, rnd: random.Random) -> None:
-    for a, caller in enumerate(callers):
-        items = [ImportItem(fact_text(a, n, rnd), f"seed:{n}", topic="load") for n in range(facts)]
-        memory.import_items(items, caller=caller)
-
-
-@contextmanager
-def knowledge_base(args: argparse.Namespace) -> Iterator[tuple[MemoryConfig, int | None]]:
-    """A fresh schema on the scratch database (or ``PG_CONN_STR``'s), and its cluster's postmaster."""
-    os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
-    use_lean_input_copies()  # as `serve` runs
-    with database("osa-call-parts-") as conn_str:
-        suffix = uuid.uuid4().hex[:8]
-        config = MemoryConfig(
-            pg_conn_str=conn_str, kb_schema=f"parts_{suffix}", memory_schema=f"parts_{suffix}", embedder=args.embedder
-        )
-        with fresh_schema(conn_str, config):
-            yield config, postmaster_pid(conn_str)
-
-
 def search_part(args: argparse.Namespace) -> dict[str, Any]:
     """Stores with and without the search for the facts they may replace, blocks alternating."""
     rnd = random.Random(5)
-    with knowledge_base(args) as (config, postmaster):
+    with knowledge_base("parts", args.embedder) as (config, postmaster):
         embedders = args.embedder != "none"
         ways = {
             True: Memory(config, use_default_embedders=embedders),
             False: Memory(config.model_copy(update={"suggest_supersedes": False}), use_default_embedders=embedders),
         }
         callers = [caller_of(a) for a in range(args.assignments)]
-        seeded(ways[True], callers, args.facts, rnd)
+        seed(ways[True], callers, args.facts, rnd)
         count = 0
         answered: dict[bool, int] = {True: 0, False: 0}
 
-        def block(search: bool, calls: int, record: Callable[[float, float], None] | None = None) -> None:
+        def store(search: bool) -> None:
             nonlocal count
-            db, cpu = cluster_cpu_s(postmaster), time.process_time()
-            for _ in range(calls):
-                a, count = count % len(callers), count + 1
-                answer = ways[search].store(fact_text(a, 5 * 10**6 + count, rnd), caller=callers[a])
-                answered[search] += "possibly_supersedes" in answer
-            if record is not None:
-                record((time.process_time() - cpu) / calls * 1000, (cluster_cpu_s(postmaster) - db) / calls * 1000)
+            a, count = count % len(callers), count + 1
+            answer = ways[search].store(fact_text(a, 5 * 10**6 + count, rnd), caller=callers[a])
+            answered[search] += "possibly_supersedes" in answer
 
-        for search in (True, False):
-            block(search, args.warmup)
-        samples: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
-        for r in range(args.rounds):
-            for search in (False, True) if r % 2 == 0 else (True, False):
-                block(search, args.block, lambda s, d, k=search: samples[k].append((s, d)))
+        samples = alternating_blocks(store, postmaster, warmup=args.warmup, block=args.block, rounds=args.rounds)
     result: dict[str, Any] = {"embedder": args.embedder, "block": args.block, "rounds": args.rounds}
     result["answers_with_suggestions"] = {"with_search": answered[True], "without_search": answered[False]}
-    for part, pick in (("server", lambda x: x[0]), ("postgres", lambda x: x[1]), ("total", lambda x: x[0] + x[1])):
-        without = statistics.median(pick(x) for x in samples[False])
-        with_search = statistics.median(pick(x) for x in samples[True])
-        paired = statistics.median(pick(w) - pick(o) for w, o in zip(samples[True], samples[False], strict=True))
+    for part, (without, with_search, paired) in paired_medians(samples).items():
         result[part] = {"without_ms": without, "with_ms": with_search, "search_ms": paired}
         result[part]["search_share"] = paired / with_search if with_search else None
     return result
@@ -145,10 +111,10 @@ def plans_part(args: argparse.Namespace) -> dict[str, Any]:
     rnd = random.Random(7)
     timings: dict[str, list[tuple[float, float]]] = defaultdict(list)
     skipped: dict[str, int] = defaultdict(int)
-    with knowledge_base(args) as (config, _):
+    with knowledge_base("parts", args.embedder) as (config, _):
         memory = Memory(config, use_default_embedders=args.embedder != "none")
         callers = [caller_of(a) for a in range(args.assignments)]
-        seeded(memory, callers, args.facts, rnd)
+        seed(memory, callers, args.facts, rnd)
         schemas = {config.kb_schema, config.memory_schema}
 
         def call(i: int) -> None:

@@ -16,32 +16,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import statistics
 import sys
-import time
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
 
-from benchmarks.harness import database, fresh_schema, machine_info, postmaster_pid
+from benchmarks.harness import machine_info
 from benchmarks.workload import (
     add_block_arguments,
+    alternating_blocks,
     caller_of,
     check_block_arguments,
-    cluster_cpu_s,
     fact_text,
+    knowledge_base,
+    paired_medians,
     query_text,
+    seed,
 )
-from haystack_osa_memory import Memory, MemoryConfig, use_lean_input_copies
+from haystack_osa_memory import Memory
 from haystack_osa_memory.store import fact_writing, facts, scope_query
 from haystack_osa_memory.store.parameters import text_array, vector_parameter
 from haystack_osa_memory.store.recall_rows import vector_literal
-from haystack_osa_memory.transfer import ImportItem
 
 
 def use_binary(binary: bool) -> None:
@@ -53,68 +50,31 @@ def use_binary(binary: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
-    use_lean_input_copies()  # as `serve` runs
+    """Seed a fresh knowledge base, then the alternating blocks (see the module's docstring)."""
     rnd = random.Random(5)
-    with database("osa-parameters-") as conn_str:
-        suffix = uuid.uuid4().hex[:8]
-        config = MemoryConfig(
-            pg_conn_str=conn_str, kb_schema=f"params_{suffix}", memory_schema=f"params_{suffix}", embedder=args.embedder
-        )
-        with fresh_schema(conn_str, config):
-            return measure(args, config, postmaster_pid(conn_str), rnd)
+    with knowledge_base("params", args.embedder) as (config, postmaster):
+        memory = Memory(config, use_default_embedders=args.embedder != "none")
+        callers = [caller_of(a) for a in range(args.assignments)]
+        seed(memory, callers, args.facts, rnd)
+        count = 0
 
+        def call(_binary: bool) -> None:  # the way is switched per block (`use_binary`)
+            nonlocal count
+            a, count = count % len(callers), count + 1
+            if args.phase == "recall":
+                memory.recall(query_text(a, rnd), limit=8, caller=callers[a])
+            else:
+                memory.store(fact_text(a, 5 * 10**6 + count, rnd), caller=callers[a])
 
-def measure(
-    args: argparse.Namespace, config: MemoryConfig, postmaster: int | None, rnd: random.Random
-) -> dict[str, Any]:
-    """Seed ``config``'s knowledge base, then the alternating blocks (see the module's docstring)."""
-    memory = Memory(config, use_default_embedders=args.embedder != "none")
-    callers = [caller_of(a) for a in range(args.assignments)]
-    for a, caller in enumerate(callers):
-        texts = [fact_text(a, n, rnd) for n in range(args.facts)]
-        memory.import_items([ImportItem(t, f"seed:{n}", topic="load") for n, t in enumerate(texts)], caller=caller)
-    count = 0
-
-    def call() -> None:
-        nonlocal count
-        a, count = count % len(callers), count + 1
-        if args.phase == "recall":
-            memory.recall(query_text(a, rnd), limit=8, caller=callers[a])
-        else:
-            memory.store(fact_text(a, 5 * 10**6 + count, rnd), caller=callers[a])
-
-    def block(binary: bool, calls: int, record: Callable[[float, float], None] | None = None) -> None:
-        use_binary(binary)
-        db, cpu = cluster_cpu_s(postmaster), time.process_time()
-        for _ in range(calls):
-            call()
-        if record is not None:
-            record((time.process_time() - cpu) / calls * 1000, (cluster_cpu_s(postmaster) - db) / calls * 1000)
-
-    for binary in (True, False):  # warm both ways
-        block(binary, args.warmup)
-    samples: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
-    try:
-        for r in range(args.rounds):
-            for binary in (False, True) if r % 2 == 0 else (True, False):
-                block(binary, args.block, lambda s, d, b=binary: samples[b].append((s, d)))
-    finally:
-        use_binary(True)  # as the package ships
-    return summary(samples, args)
-
-
-def summary(samples: dict[bool, list[tuple[float, float]]], args: argparse.Namespace) -> dict[str, Any]:
+        try:
+            samples = alternating_blocks(
+                call, postmaster, warmup=args.warmup, block=args.block, rounds=args.rounds, switch=use_binary
+            )
+        finally:
+            use_binary(True)  # as the package ships
     result: dict[str, Any] = {"embedder": args.embedder, "phase": args.phase, "block": args.block}
     result["rounds"] = args.rounds
-    for part, pick in (
-        ("server", lambda x: x[0]),
-        ("postgres", lambda x: x[1]),
-        ("total", lambda x: x[0] + x[1]),
-    ):
-        text = statistics.median(pick(x) for x in samples[False])
-        binary = statistics.median(pick(x) for x in samples[True])
-        paired = statistics.median(pick(b) - pick(t) for b, t in zip(samples[True], samples[False], strict=True))
+    for part, (text, binary, paired) in paired_medians(samples).items():
         result[part] = {"text_ms": text, "binary_ms": binary, "ratio": binary / text if text else None}
         result[part]["paired_difference_ms"] = paired
     return result
