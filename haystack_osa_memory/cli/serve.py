@@ -44,12 +44,17 @@ def _export_for_tools(
         os.environ["OSA_MEMORY_DATA_DIR"] = str(config.data_dir)
     if not config.pg_conn_str:
         os.environ["PG_CONN_STR"] = conn_str
-    if processes > 1:
-        if pipelines_dir is not None:
-            os.environ[PIPELINES_DIR_ENV] = str(pipelines_dir.resolve())
-        # The CPUs shared out between the workers' embedders (torch would give each one thread per CPU,
-        # and workers embedding at once would then fight over the same cores).
-        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))
+    if processes > 1 and pipelines_dir is not None:
+        os.environ[PIPELINES_DIR_ENV] = str(pipelines_dir.resolve())
+    # One torch thread per serving process (torch would take one per CPU): a server embeds from many
+    # threads at once (calls in flight, the query embedder's budget threads), each thread with threads of
+    # its own becomes one more OpenMP team, and once the teams outnumber the CPUs every forward pass waits
+    # on them (docs/traps.md). Calls in flight and the workers use the CPUs instead.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if processes == 1:
+        from haystack_osa_memory.mcp.forked_workers import use_cpu_threads
+
+        use_cpu_threads()  # the workers do it after their fork (`after_fork`)
 
 
 def serve(

@@ -86,6 +86,12 @@ def after_fork() -> None:
     # a SIGTERM during the worker's start-up would be swallowed. uvicorn installs its own once it serves.
     for sig in SIGNALS:
         signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+    use_cpu_threads()
+
+
+def use_cpu_threads() -> None:
+    """Size torch's CPU threads by ``OMP_NUM_THREADS`` (`serve` sets it; torch may have read the
+    environment before it did, and a forked child keeps its parent's count)."""
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0:
         with contextlib.suppress(ImportError):

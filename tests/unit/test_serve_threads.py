@@ -1,0 +1,52 @@
+"""`serve` runs torch with one CPU thread per serving process unless `OMP_NUM_THREADS` says otherwise."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from haystack_osa_memory.cli.serve import _export_for_tools
+from haystack_osa_memory.config import MemoryConfig
+
+pytestmark = pytest.mark.embeddings
+
+
+@pytest.fixture
+def torch_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """torch with two CPU threads (what it takes on a 2-CPU machine), restored afterwards."""
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    for name in ("OMP_NUM_THREADS", "OSA_MEMORY_DATA_DIR", "PG_CONN_STR"):
+        monkeypatch.delenv(name, raising=False)
+    torch.set_num_threads(2)
+    try:
+        yield torch
+    finally:
+        torch.set_num_threads(before)
+
+
+def _export(processes: int) -> None:
+    config = MemoryConfig(pg_conn_str="postgresql://127.0.0.1:1/none")
+    _export_for_tools(config, None, "postgresql://127.0.0.1:1/none", None, processes)
+
+
+def test_one_serving_process_gets_one_torch_thread(torch_threads: Any) -> None:
+    _export(1)
+    assert os.environ["OMP_NUM_THREADS"] == "1"
+    assert torch_threads.get_num_threads() == 1
+
+
+def test_workers_are_told_one_thread_each(torch_threads: Any) -> None:
+    _export(2)
+    assert os.environ["OMP_NUM_THREADS"] == "1"  # each worker applies it after its fork (`after_fork`)
+
+
+def test_a_thread_count_the_operator_set_is_kept(torch_threads: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    torch_threads.set_num_threads(1)
+    _export(1)
+    assert os.environ["OMP_NUM_THREADS"] == "2"
+    assert torch_threads.get_num_threads() == 2
