@@ -512,6 +512,7 @@ class WrkPhase:
     server_cpu_ms: float
     postgres_cpu_ms: float
     pss_mib: dict[str, float]
+    rss_mib: dict[str, float]
 
 
 def seed_with(
@@ -542,17 +543,22 @@ def seed_with(
     return list(json.loads(lines["TOKENS"]))
 
 
-def pss_by_process(pid: int) -> dict[str, float]:
-    """PSS (MiB) of the serve process and each of its children that is not PostgreSQL."""
-    out: dict[str, float] = {}
+def memory_by_process(pid: int) -> tuple[dict[str, float], dict[str, float]]:
+    """PSS and RSS (MiB) of the serve process and each of its children that is not PostgreSQL. RSS counts
+    the pages a forked worker shares with `serve` (the models) in full in each process; PSS divides each
+    page among the processes that map it, so PSS sums to what the server holds."""
+    pss: dict[str, float] = {}
+    rss: dict[str, float] = {}
     with suppress(psutil.Error):
         root = psutil.Process(pid)
         for p in [root, *root.children(recursive=True)]:
             with suppress(psutil.Error):
                 if "postgres" not in p.name():
                     label = "serve" if p.pid == pid else f"worker {p.pid}"
-                    out[label] = round(p.memory_full_info().pss / 2**20, 1)
-    return out
+                    info = p.memory_full_info()
+                    pss[label] = round(info.pss / 2**20, 1)
+                    rss[label] = round(info.rss / 2**20, 1)
+    return pss, rss
 
 
 def run_wrk_phase(
@@ -563,6 +569,7 @@ def run_wrk_phase(
     result = run_wrk(url, tokens, [tag(a) for a in range(len(tokens))], phase, connections, duration)
     after = sampler.cpu()
     calls = max(result.requests, 1)
+    pss, rss = memory_by_process(pid)
     return WrkPhase(
         server=server,
         phase=phase,
@@ -570,7 +577,8 @@ def run_wrk_phase(
         result=result,
         server_cpu_ms=round(1000 * RssSampler.spent(before, after, "server") / calls, 2),
         postgres_cpu_ms=round(1000 * RssSampler.spent(before, after, "postgres") / calls, 2),
-        pss_mib=pss_by_process(pid),
+        pss_mib=pss,
+        rss_mib=rss,
     )
 
 
@@ -660,7 +668,7 @@ def main_wrk(args: argparse.Namespace, report: Report) -> list[WrkPhase]:
             remove_worktree(checkout, REPO)
     print_wrk(rows, args.compare)
     for r in rows:
-        console.print(f"{r.server} {r.phase} x{r.connections} PSS MiB per process: {r.pss_mib}")
+        console.print(f"{r.server} {r.phase} x{r.connections} PSS MiB per process: {r.pss_mib}; RSS: {r.rss_mib}")
     report.results = []  # the wrk rows are written instead
     if args.json:
         payload = asdict(report) | {"wrk": [asdict(r) for r in rows]}

@@ -115,4 +115,8 @@ def test_load_benchmark_wrk_smoke(pg_conn_str: str, tmp_path: Path) -> None:
         # serve, its two workers (and uvicorn's small helper process), each measured
         assert len(r["pss_mib"]) >= 3, r
         assert sum(v > 100 for v in r["pss_mib"].values()) >= 2, r
+        assert r["rss_mib"].keys() == r["pss_mib"].keys(), r
+        assert all(r["rss_mib"][k] >= r["pss_mib"][k] > 0 for k in r["pss_mib"]), r
+    assert "PSS MiB per process" in done.stdout
+    assert "RSS: {" in done.stdout
     assert "calls/s" in done.stdout
