@@ -22,6 +22,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -90,14 +91,13 @@ def after_fork() -> None:
 
 
 def use_cpu_threads() -> None:
-    """Size torch's CPU threads by ``OMP_NUM_THREADS`` (`serve` sets it; torch may have read the
-    environment before it did, and a forked child keeps its parent's count)."""
+    """Size torch's CPU threads by ``OMP_NUM_THREADS`` (`serve` sets it) when torch is already loaded: it
+    may have read the environment before `serve` set it, and a forked child keeps its parent's count. A
+    torch loaded later reads the variable itself (so a lexical server does not load torch for this)."""
     threads = os.environ.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        with contextlib.suppress(ImportError):
-            import torch
-
-            torch.set_num_threads(int(threads))
+    torch = sys.modules.get("torch")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
 
 
 def _forked_child(started: Callable[..., None], **kwargs: Any) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,3 +52,18 @@ def test_a_thread_count_the_operator_set_is_kept(torch_threads: Any, monkeypatch
     _export(1)
     assert os.environ["OMP_NUM_THREADS"] == "2"
     assert torch_threads.get_num_threads() == 2
+
+
+@pytest.mark.slow
+def test_threads_are_not_a_reason_to_load_torch() -> None:
+    # A lexical server need not load torch: torch reads OMP_NUM_THREADS itself when something loads it.
+    code = (
+        "import sys\n"
+        "from haystack_osa_memory.mcp.forked_workers import use_cpu_threads\n"
+        "assert 'torch' not in sys.modules\n"
+        "use_cpu_threads()\n"
+        "print('torch' in sys.modules)\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
