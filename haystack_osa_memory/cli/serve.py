@@ -38,6 +38,7 @@ def _export_for_tools(
     with a copy of this process's environment, and uvicorn takes no other for them. So `--data-dir`, the
     embedded database this process started, `--pipelines-dir` and the workers' threads reach them here.
     """
+    from haystack_osa_memory.mcp.forked_workers import use_cpu_threads
     from haystack_osa_memory.mcp.server import PIPELINES_DIR_ENV
 
     if data_dir is not None:
@@ -51,10 +52,7 @@ def _export_for_tools(
     # its own becomes one more OpenMP team, and once the teams outnumber the CPUs every forward pass waits
     # on them (docs/traps.md). Calls in flight and the workers use the CPUs instead.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    if processes == 1:
-        from haystack_osa_memory.mcp.forked_workers import use_cpu_threads
-
-        use_cpu_threads()  # the workers do it after their fork (`after_fork`)
+    use_cpu_threads()  # haystack has loaded torch already; the workers apply it again after their fork
 
 
 def serve(
