@@ -4,6 +4,10 @@ Usage::
 
     python benchmarks/load.py --clients 32 --assignments 16 --facts 200
     python benchmarks/load.py --sweep 1,4,16,32,64 --assignments 16 --facts 200 --plot load.png --json load.json
+    python benchmarks/load.py --driver wrk --connections 1,32 [--compare REV] [--profile DIR]
+
+``--driver wrk`` drives the server with wrk instead (benchmarks/README.md); ``--profile DIR`` records the
+server with py-spy during each phase and prints where its Python time went (`benchmarks.profile_shares`).
 
 What it does, in one run:
 
@@ -56,6 +60,7 @@ from rich.table import Table
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
 
 from benchmarks.harness import database, machine_info, percentiles, postmaster_pid
+from benchmarks.profile_shares import RATE, file_shares, format_table, start_recording
 from benchmarks.workload import fact_text, query_text, tag
 from benchmarks.wrk_driver import WrkResult, remove_worktree, run_wrk, worktree
 from haystack_osa_memory import Caller, Memory, MemoryConfig
@@ -513,6 +518,11 @@ class WrkPhase:
     postgres_cpu_ms: float
     pss_mib: dict[str, float]
     rss_mib: dict[str, float]
+    #: Share of the server's GIL samples per part of a call (`profile_shares.PARTS`), with ``--profile``.
+    profile: dict[str, float] | None = None
+    profile_samples: int = 0
+    #: Milliseconds of GIL samples per call (all processes): what the shares of `profile` divide.
+    profile_ms_per_call: float = 0.0
 
 
 def seed_with(
@@ -562,12 +572,32 @@ def memory_by_process(pid: int) -> tuple[dict[str, float], dict[str, float]]:
 
 
 def run_wrk_phase(
-    server: str, url: str, pid: int, tokens: list[str], phase: str, connections: int, duration: float, conn_str: str
+    server: str,
+    url: str,
+    pid: int,
+    tokens: list[str],
+    phase: str,
+    connections: int,
+    duration: float,
+    conn_str: str,
+    profile_dir: Path | None = None,
 ) -> WrkPhase:
     sampler = RssSampler(pid, postmaster_pid(conn_str))
+    recording, raw = None, None
+    # Shorter than the phase by a second, so that it ends while wrk still drives the server.
+    recorded_s = max(int(duration) - 1, 1)
+    if profile_dir is not None:
+        raw = profile_dir / f"{server.replace('/', '_')}_{phase}_{connections}.txt"
+        recording = start_recording(pid, recorded_s, raw)
     before = sampler.cpu()
     result = run_wrk(url, tokens, [tag(a) for a in range(len(tokens))], phase, connections, duration)
     after = sampler.cpu()
+    shares, samples = None, 0
+    if recording is not None and raw is not None:
+        _, err = recording.communicate(timeout=60)
+        if recording.returncode != 0 or not raw.exists():
+            raise RuntimeError(f"py-spy failed ({recording.returncode}): {err.decode(errors='replace')[-2000:]}")
+        shares, samples = file_shares(raw)
     calls = max(result.requests, 1)
     pss, rss = memory_by_process(pid)
     return WrkPhase(
@@ -579,6 +609,10 @@ def run_wrk_phase(
         postgres_cpu_ms=round(1000 * RssSampler.spent(before, after, "postgres") / calls, 2),
         pss_mib=pss,
         rss_mib=rss,
+        profile=shares,
+        profile_samples=samples,
+        # each process is sampled `RATE` times a second while it holds its interpreter lock
+        profile_ms_per_call=round(samples / RATE * 1000 / max(result.per_second * recorded_s, 1e-9), 3),
     )
 
 
@@ -662,13 +696,24 @@ def main_wrk(args: argparse.Namespace, report: Report) -> list[WrkPhase]:
                     for conns in connections:
                         for label, url, pid, tokens in running:  # side by side: one server, then the other
                             console.print(f"{label}: {phase}, {conns} connections for {args.duration:.0f} s ...")
-                            rows.append(run_wrk_phase(label, url, pid, tokens, phase, conns, args.duration, conn_str))
+                            rows.append(
+                                run_wrk_phase(
+                                    label, url, pid, tokens, phase, conns, args.duration, conn_str, args.profile
+                                )
+                            )
     finally:
         if checkout is not None:
             remove_worktree(checkout, REPO)
     print_wrk(rows, args.compare)
     for r in rows:
         console.print(f"{r.server} {r.phase} x{r.connections} PSS MiB per process: {r.pss_mib}; RSS: {r.rss_mib}")
+    profiled = [r for r in rows if r.profile]
+    if profiled:
+        print(f"\nWhere the server's Python time went (py-spy --gil samples, raw files in {args.profile}; py-spy")
+        print("pauses the server for each sample: this run's CPU figures do not compare with an unprofiled run's).")
+        print("Share of the samples, and the milliseconds per call it stands for (samples / rate / calls):")
+        columns = [(f"{r.server[:8]} {r.phase} x{r.connections}", r.profile or {}, r.profile_samples) for r in profiled]
+        print(format_table(columns, [r.profile_ms_per_call for r in profiled]))
     report.results = []  # the wrk rows are written instead
     if args.json:
         payload = asdict(report) | {"wrk": [asdict(r) for r in rows]}
@@ -701,6 +746,14 @@ def main(argv: list[str] | None = None) -> Report:
     parser.add_argument(
         "--compare", default=None, metavar="REV", help="Also serve a checkout of REV, side by side (--driver wrk)."
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="Record the server with py-spy during each phase (raw files in DIR) and print where its time went "
+        "(--driver wrk).",
+    )
     args = parser.parse_args(argv)
     if min(args.clients, args.assignments, args.client_processes) < 1 or args.facts < 0 or args.duration <= 0:
         parser.error("--clients, --assignments and --client-processes must be >= 1, --facts >= 0, --duration > 0")
@@ -713,7 +766,11 @@ def main(argv: list[str] | None = None) -> Report:
         {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "client_counts": counts},
         time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
+    if args.profile is not None and args.driver != "wrk":
+        parser.error("--profile needs --driver wrk")
     if args.driver == "wrk":
+        if args.profile is not None:
+            args.profile.mkdir(parents=True, exist_ok=True)
         main_wrk(args, report)
         return report
     with database("osa-load-") as conn_str:

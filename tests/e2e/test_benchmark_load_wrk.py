@@ -120,3 +120,52 @@ def test_load_benchmark_wrk_smoke(pg_conn_str: str, tmp_path: Path) -> None:
     assert "PSS MiB per process" in done.stdout
     assert "RSS: {" in done.stdout
     assert "calls/s" in done.stdout
+
+
+def test_load_benchmark_wrk_profile(pg_conn_str: str, tmp_path: Path) -> None:
+    """`--profile`: py-spy records the served workers during the phase; the shares of the parts of a call
+    are printed and written, and the raw file is kept."""
+    out, raw = tmp_path / "load.json", tmp_path / "profiles"
+    command = [
+        sys.executable,
+        str(HARNESS),
+        "--driver", "wrk",
+        "--phases", "recall",
+        "--connections", "4",
+        "--assignments", "3",
+        "--facts", "20",
+        "--duration", "4",
+        "--workers", "2",
+        "--embedder", "none",
+        "--profile", str(raw),
+        "--json", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "PG_CONN_STR": pg_conn_str}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [row] = json.loads(out.read_text())["wrk"]
+    assert row["result"]["requests"] > 0
+    assert row["profile_samples"] > 0
+    assert row["profile_ms_per_call"] > 0
+    profile = row["profile"]
+    assert sum(profile.values()) == pytest.approx(1.0)
+    # the forked workers were recorded (a recall's own work), not only serve's idle parent
+    assert profile["retriever (scope's rows, facts' text, ranking)"] > 0.05, profile
+    assert profile["thread hand-off"] > 0, profile
+    assert profile["other"] < 0.2, profile
+    assert (raw / "current_recall_4.txt").stat().st_size > 0
+    assert "Where the server's Python time went" in done.stdout
+    assert "retriever (scope's rows, facts' text, ranking)" in done.stdout
+    assert "sampled ms per call" in done.stdout
+
+
+def test_profile_needs_the_wrk_driver() -> None:
+    done = subprocess.run(
+        [sys.executable, str(HARNESS), "--driver", "mcp", "--profile", "x"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert done.returncode == 2
+    assert "--profile needs --driver wrk" in done.stderr
