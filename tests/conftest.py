@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -190,3 +191,15 @@ def load_benchmark(script: Path, name: str) -> ModuleType:
     sys.modules[spec.name] = module  # dataclasses look their module up while the script is executed
     spec.loader.exec_module(module)
     return module
+
+
+def run_benchmark(script: Path, args: list[str], pg_conn_str: str | None = None) -> subprocess.CompletedProcess[str]:
+    """A benchmark script run as its users run it (its own process, from the repository's root), on
+    ``pg_conn_str`` when given; it must exit 0 then. Without a database, whatever it exits with is returned."""
+    env = {**os.environ, "PG_CONN_STR": pg_conn_str} if pg_conn_str else None
+    done = subprocess.run(
+        [sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=600, cwd=REPO
+    )
+    if pg_conn_str:
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done

@@ -8,14 +8,11 @@ and writes must be there and plausible (calls counted, latencies ordered, server
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, run_benchmark
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
@@ -25,9 +22,7 @@ HARNESS = REPO / "benchmarks" / "load.py"
 def test_load_benchmark_smoke(pg_conn_str: str, tmp_path: Path) -> None:
     out = tmp_path / "load.json"
     plot = tmp_path / "load.png"
-    command = [
-        sys.executable,
-        str(HARNESS),
+    args = [
         "--sweep", "2,4",
         "--assignments", "3",
         "--facts", "30",
@@ -37,9 +32,7 @@ def test_load_benchmark_smoke(pg_conn_str: str, tmp_path: Path) -> None:
         "--json", str(out),
         "--plot", str(plot),
     ]  # fmt: skip
-    env = {**os.environ, "PG_CONN_STR": pg_conn_str}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = run_benchmark(HARNESS, args, pg_conn_str)
     report = json.loads(out.read_text())
     assert [(r["phase"], r["clients"]) for r in report["results"]] == [
         ("recall", 2),

@@ -9,9 +9,6 @@ figure the benchmark prints must be there and plausible.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.wrk_driver import run_wrk
-from tests.conftest import REPO
+from tests.conftest import REPO, run_benchmark
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
@@ -82,9 +79,7 @@ def test_wrk_driver_sees_leaks_and_errors(
 
 def test_load_benchmark_wrk_smoke(pg_conn_str: str, tmp_path: Path) -> None:
     out = tmp_path / "load.json"
-    command = [
-        sys.executable,
-        str(HARNESS),
+    args = [
         "--driver", "wrk",
         "--connections", "1,4",
         "--assignments", "3",
@@ -94,9 +89,7 @@ def test_load_benchmark_wrk_smoke(pg_conn_str: str, tmp_path: Path) -> None:
         "--embedder", "none",
         "--json", str(out),
     ]  # fmt: skip
-    env = {**os.environ, "PG_CONN_STR": pg_conn_str}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = run_benchmark(HARNESS, args, pg_conn_str)
     rows = json.loads(out.read_text())["wrk"]
     assert [(r["phase"], r["connections"]) for r in rows] == [
         ("recall", 1),
@@ -126,9 +119,7 @@ def test_load_benchmark_wrk_profile(pg_conn_str: str, tmp_path: Path) -> None:
     """`--profile`: py-spy records the served workers during the phase; the shares of the parts of a call
     are printed and written, and the raw file is kept."""
     out, raw = tmp_path / "load.json", tmp_path / "profiles"
-    command = [
-        sys.executable,
-        str(HARNESS),
+    args = [
         "--driver", "wrk",
         "--phases", "recall",
         "--connections", "4",
@@ -140,9 +131,7 @@ def test_load_benchmark_wrk_profile(pg_conn_str: str, tmp_path: Path) -> None:
         "--profile", str(raw),
         "--json", str(out),
     ]  # fmt: skip
-    env = {**os.environ, "PG_CONN_STR": pg_conn_str}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = run_benchmark(HARNESS, args, pg_conn_str)
     [row] = json.loads(out.read_text())["wrk"]
     assert row["result"]["requests"] > 0
     assert row["profile_samples"] > 0
@@ -160,12 +149,6 @@ def test_load_benchmark_wrk_profile(pg_conn_str: str, tmp_path: Path) -> None:
 
 
 def test_profile_needs_the_wrk_driver() -> None:
-    done = subprocess.run(
-        [sys.executable, str(HARNESS), "--driver", "mcp", "--profile", "x"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
+    done = run_benchmark(HARNESS, ["--driver", "mcp", "--profile", "x"])
     assert done.returncode == 2
     assert "--profile needs --driver wrk" in done.stderr
