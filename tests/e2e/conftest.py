@@ -29,10 +29,20 @@ T = TypeVar("T")
 OSA_MEMORY = [sys.executable, "-m", "haystack_osa_memory.cli"]
 
 
+#: Ports `free_port` handed out in this process: a port just closed is often the next one the kernel offers,
+#: and a server given the same port twice (MCP and metrics) refuses to start.
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free local port, never one this process was handed before."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def serve_workers(pid: int) -> list[Any]:
