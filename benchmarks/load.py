@@ -583,12 +583,10 @@ def run_wrk_phase(
     profile_dir: Path | None = None,
 ) -> WrkPhase:
     sampler = RssSampler(pid, postmaster_pid(conn_str))
-    recording, raw = None, None
     # Shorter than the phase by a second, so that it ends while wrk still drives the server.
     recorded_s = max(int(duration) - 1, 1)
-    if profile_dir is not None:
-        raw = profile_dir / f"{server.replace('/', '_')}_{phase}_{connections}.txt"
-        recording = start_recording(pid, recorded_s, raw)
+    raw = None if profile_dir is None else profile_dir / f"{server.replace('/', '_')}_{phase}_{connections}.txt"
+    recording = None if raw is None else start_recording(pid, recorded_s, raw)
     before = sampler.cpu()
     result = run_wrk(url, tokens, [tag(a) for a in range(len(tokens))], phase, connections, duration)
     after = sampler.cpu()

@@ -57,14 +57,14 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("event loop, other", ("Runner.run", "BaseEventLoop.")),
 )
 OTHER = "other"
+#: Every part, in the order the shares and the table list them.
+NAMES = (*(part for part, _ in PARTS), OTHER)
 #: The recording of `--gil` samples, `RATE` per second (Hz), from the process and its children.
 RATE = 250
 
 
-def _marks(frame: str, name: str) -> bool:
-    function, _, where = frame.partition(" (")
+def _marks(function: str, path: str, name: str) -> bool:
     if name.endswith(".py"):
-        path = where.rsplit(":", 1)[0]
         return path == name or path.endswith("/" + name)
     return function.startswith(name)
 
@@ -73,8 +73,10 @@ def part_of(frames: Sequence[str]) -> str:
     """The part of `PARTS` a sample belongs to (``frames``: outermost first, each ``function (file:line)``),
     else `OTHER`."""
     for frame in reversed(frames):
+        function, _, where = frame.partition(" (")
+        path = where.rsplit(":", 1)[0]
         for part, names in PARTS:
-            if any(_marks(frame, name) for name in names):
+            if any(_marks(function, path, name) for name in names):
                 return part
     return OTHER
 
@@ -98,7 +100,7 @@ def shares(lines: Iterable[str]) -> tuple[dict[str, float], int]:
     if total == 0:
         msg = "no samples: py-spy recorded nothing (was the process busy while it recorded?)"
         raise ValueError(msg)
-    return {name: counts[name] / total for name in [*(p for p, _ in PARTS), OTHER]}, total
+    return {name: counts[name] / total for name in NAMES}, total
 
 
 def file_shares(path: Path) -> tuple[dict[str, float], int]:
@@ -143,7 +145,7 @@ def format_table(columns: Sequence[tuple[str, dict[str, float], int]], per_call_
             text += f" {share * per_call_ms[i]:6.3f} ms"
         return f" {text:>{cell}s}"
 
-    for name in [*(p for p, _ in PARTS), OTHER]:
+    for name in NAMES:
         rows.append(f"{name:{width}s}" + "".join(value(s[name], i) for i, (_, s, _) in enumerate(columns)))
     if per_call_ms:
         rows.append(f"{'sampled ms per call':{width}s}" + "".join(f" {ms:{cell}.3f}" for ms in per_call_ms))
