@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -193,13 +194,31 @@ def load_benchmark(script: Path, name: str) -> ModuleType:
     return module
 
 
-def run_benchmark(script: Path, args: list[str], pg_conn_str: str | None = None) -> subprocess.CompletedProcess[str]:
+def run_benchmark(
+    script: Path, args: list[str], pg_conn_str: str | None = None, *, succeeds: bool = True
+) -> subprocess.CompletedProcess[str]:
     """A benchmark script run as its users run it (its own process, from the repository's root), on
-    ``pg_conn_str`` when given; it must exit 0 then. Without a database, whatever it exits with is returned."""
+    ``pg_conn_str`` when given. With ``succeeds`` it must exit 0; else whatever it exits with is returned."""
     env = {**os.environ, "PG_CONN_STR": pg_conn_str} if pg_conn_str else None
     done = subprocess.run(
         [sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=600, cwd=REPO
     )
-    if pg_conn_str:
+    if succeeds:
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
+
+
+#: Ports `free_port` handed out in this process: a port just closed is often the next one the kernel offers,
+#: and a server given the same port twice (MCP and metrics) refuses to start.
+_handed_out: set[int] = set()
+
+
+def free_port() -> int:
+    """A free local port, never one this process was handed before."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,26 +22,10 @@ from mcp.client.streamable_http import streamable_http_client
 from haystack_osa_memory import MemoryConfig
 from haystack_osa_memory.store.schema import ensure_schema
 from haystack_osa_memory.store.tokens import TokenStore, parse_duration
-from tests.conftest import drop_schema, new_schema_config
+from tests.conftest import drop_schema, free_port, new_schema_config
 
 T = TypeVar("T")
 OSA_MEMORY = [sys.executable, "-m", "haystack_osa_memory.cli"]
-
-
-#: Ports `free_port` handed out in this process: a port just closed is often the next one the kernel offers,
-#: and a server given the same port twice (MCP and metrics) refuses to start.
-_handed_out: set[int] = set()
-
-
-def free_port() -> int:
-    """A free local port, never one this process was handed before."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _handed_out:
-            _handed_out.add(port)
-            return port
 
 
 def serve_workers(pid: int) -> list[Any]:

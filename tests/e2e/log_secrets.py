@@ -25,7 +25,8 @@ from typing import Any
 import httpx
 
 from haystack_osa_memory.privacy.redaction import redact
-from tests.e2e.conftest import OSA_MEMORY, free_port, wait_for_status
+from tests.conftest import free_port
+from tests.e2e.conftest import OSA_MEMORY, wait_for_status
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,6 @@ def test_load_benchmark_wrk_profile(pg_conn_str: str, tmp_path: Path) -> None:
 
 
 def test_profile_needs_the_wrk_driver() -> None:
-    done = run_benchmark(HARNESS, ["--driver", "mcp", "--profile", "x"])
+    done = run_benchmark(HARNESS, ["--driver", "mcp", "--profile", "x"], succeeds=False)
     assert done.returncode == 2
     assert "--profile needs --driver wrk" in done.stderr

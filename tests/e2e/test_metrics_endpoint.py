@@ -27,8 +27,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from haystack_osa_memory.embedders import minilm_installed
 from haystack_osa_memory.store.schema import ensure_schema
-from tests.conftest import drop_schema, new_schema_config
-from tests.e2e.conftest import OSA_MEMORY, Server, call, env_for, free_port, serve_workers, wait_for_status
+from tests.conftest import drop_schema, free_port, new_schema_config
+from tests.e2e.conftest import OSA_MEMORY, Server, call, env_for, serve_workers, wait_for_status
 from tests.unit.test_metrics import sample
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-from tests.e2e.conftest import call, free_port, wait_for_status
+from tests.conftest import REPO, free_port
+from tests.e2e.conftest import call, wait_for_status
 from tests.e2e.test_offline_buffer import stop_pg
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]

@@ -13,8 +13,8 @@ import pytest
 
 from haystack_osa_memory.store.schema import ensure_schema
 from haystack_osa_memory.store.tokens import TokenStore
-from tests.conftest import REPO, drop_schema, new_schema_config, row_counts
-from tests.e2e.conftest import env_for, free_port, wait_for_status
+from tests.conftest import REPO, drop_schema, free_port, new_schema_config, row_counts
+from tests.e2e.conftest import env_for, wait_for_status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

@@ -20,7 +20,8 @@ from mcp import ClientSession
 from haystack_osa_memory.mcp.guard import GUARD_MARKER
 from haystack_osa_memory.mcp.stdio_bridge import STATUS_TOOL, BridgeBuffer, token_fingerprint
 from haystack_osa_memory.store.tokens import TOKEN_PREFIX, TokenStore
-from tests.e2e.conftest import OSA_MEMORY, Server, call, env_for, free_port, wait_for_status
+from tests.conftest import free_port
+from tests.e2e.conftest import OSA_MEMORY, Server, call, env_for, wait_for_status
 from tests.e2e.test_stdio_bridge import buffer_items, payload, with_bridge
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]

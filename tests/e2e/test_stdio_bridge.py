@@ -21,8 +21,8 @@ from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult, ServerNotification, ToolListChangedNotification
 
 from haystack_osa_memory.mcp.stdio_bridge import STATUS_TOOL, BridgeBuffer, token_fingerprint
-from tests.conftest import REPO, row_counts
-from tests.e2e.conftest import Server, call, free_port
+from tests.conftest import REPO, free_port, row_counts
+from tests.e2e.conftest import Server, call
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

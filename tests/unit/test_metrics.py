@@ -29,6 +29,7 @@ from haystack_osa_memory import instruments
 from haystack_osa_memory.durable_queue import DurableQueue
 from haystack_osa_memory.errors import DatabaseError, InvalidInputError, MemoryOffError, NotFoundError
 from haystack_osa_memory.mcp import metrics
+from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "the staging VPN password is hunter2-Zebra"
@@ -82,12 +83,6 @@ WORKER = textwrap.dedent(
         sys.stdin.read()
     """
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def sample(text: str, name: str, **labels: str) -> float:

@@ -16,7 +16,8 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
-from tests.e2e.conftest import OSA_MEMORY, Server, env_for, free_port
+from tests.conftest import free_port
+from tests.e2e.conftest import OSA_MEMORY, Server, env_for
 
 CHROMIUM = os.environ.get("OSA_MEMORY_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("OSA_MEMORY_CHROMEDRIVER", "/usr/bin/chromedriver")
