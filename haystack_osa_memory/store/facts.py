@@ -77,8 +77,10 @@ from haystack_osa_memory.store.recall_rows import (
     term_keys_of,
     vector_literal,
 )
-from haystack_osa_memory.store.scope_cache import Check, ScopeCache, governing_row_by_id
+from haystack_osa_memory.store.scope_cache import Check, HeldScope, ScopeCache, governing_row_by_id
 from haystack_osa_memory.store.scope_cache import Statements as CacheStatements
+from haystack_osa_memory.store.scope_memo import MEMO_MAX_FACTS, Print, ScopeMemo
+from haystack_osa_memory.store.scope_memo import Statements as MemoStatements
 from haystack_osa_memory.store.scope_query import (
     CONTEXT_STATUSES,
     FACT_AUDIENCE,
@@ -189,6 +191,17 @@ GOVERNING_ROWS = sql.SQL(
 )
 
 
+def _held_hits(
+    held: HeldScope, embedding: Vector | None, query_terms: list[int], ranking: RankingParams, boost_terms: list[int]
+) -> list[ScopeHit]:
+    """The hits of a scope ranked from memory (a big scope held, or a small one kept), as `exact_hits` returns."""
+    ids, until = held.document_ids, held.expires
+    return [
+        ScopeHit(ids[i], ids[i], until[i], lr, ls, vr, vs, fused, i + 1)
+        for i, lr, ls, vr, vs, fused in held.rank(embedding, query_terms, ranking, boost_terms)
+    ]
+
+
 @dataclass(frozen=True)
 class GoverningRow:
     """The access-relevant columns of one governing row."""
@@ -243,6 +256,11 @@ class FactRepository(FactWriting, BigScopes):
         self._held_terms_check = rendered(
             HELD_TERMS_CHECK.format(query_terms=QUERY_TERMS, check=self._cache_statements.check)
         )
+        #: Scopes within `exact_scope_max` whose rows are kept while their print is unchanged (`scope_memo`).
+        memo_facts = min(MEMO_MAX_FACTS, config.scope_cache_facts)
+        self.scope_memo = ScopeMemo(memo_facts, config.embedding_dimension) if memo_facts else None
+        memo = MemoStatements.compose(names, VALID_AT, QUERY_TERMS)
+        self._memo_print, self._memo_rows = rendered(memo.print), rendered(memo.rows)
         self._statistics_checked = -math.inf
         self._governing_rows = rendered(GOVERNING_ROWS.format(**names))
         self._cosines_to = rendered(COSINES_TO.format(**names))
@@ -303,13 +321,29 @@ class FactRepository(FactWriting, BigScopes):
                 and size.facts <= cache.max_facts
                 and scope.held_kind(self.config.admitted_statuses)
             )
+            memo = self.scope_memo
+            key = (scope.org_id, scope.assignment_id)
+            route = (
+                memo.route(key)
+                if memo is not None
+                and size.facts <= self.exact_scope_max
+                and scope.held_kind(self.config.admitted_statuses)
+                else "exact"
+            )
             seen = Check(0, 0, 0)
+            printed: Print | None = None
             if held_here:
                 # The query's lexemes and the held scope's check in one round trip.
                 row = cur.execute(self._held_terms_check, {**params, "query": query}).fetchone()
                 assert row is not None  # an aggregate over a one-row join: always one row
                 lexemes, query_terms = list(row[0]), list(row[1])
                 seen = Check(int(row[2]), int(row[3]), int(row[4]))
+            elif route == "print":
+                # The query's lexemes and the kept scope's print in one round trip.
+                row = cur.execute(self._memo_print, {**params, "query": query}).fetchone()
+                assert row is not None  # as above
+                lexemes, query_terms = list(row[0]), list(row[1])
+                printed = Print.of(row[2], row[3])
             else:
                 lexemes, query_terms = self.query_terms(query, conn=c)
             boost_terms = boost.hashes if boost is not None and ranking.time_boost else []
@@ -321,14 +355,16 @@ class FactRepository(FactWriting, BigScopes):
                 if held_here and cache is not None:
                     with cache.use(cur, self._cache_statements, params, seen) as held:
                         if held is not None:
-                            ids, until = held.document_ids, held.expires
-                            return [
-                                ScopeHit(ids[i], ids[i], until[i], lr, ls, vr, vs, fused, i + 1)
-                                for i, lr, ls, vr, vs, fused in held.rank(embedding, query_terms, ranking, boost_terms)
-                            ]
+                            return _held_hits(held, embedding, query_terms, ranking, boost_terms)
                 return self._big_scope_hits(
                     cur, params, query_terms, size, ranking, embedding is not None, boost_terms=boost_terms
                 )
+            if route != "exact" and memo is not None:
+                kept = (memo.current(key, printed) if printed is not None else None) or memo.read(
+                    cur, self._memo_rows, params
+                )
+                if kept.scope is not None:
+                    return _held_hits(kept.scope, embedding, query_terms, ranking, boost_terms)
             rows = cur.execute(self._scope_rows, params).fetchall()
         return exact_hits(rows, query_terms, ranking, boost_terms)
 

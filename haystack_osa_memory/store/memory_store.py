@@ -183,7 +183,8 @@ class MemoryStore:
         :param redaction_off: Redaction classes left alone in the free text the store writes (reasons,
             notes); default none.
         :param scope_cache_facts: Facts of big assignments held in memory per process, ranked exactly from
-            there (`haystack_osa_memory.store.scope_cache`); 0 holds none.
+            there (`haystack_osa_memory.store.scope_cache`), and the bound of small assignments' rows kept
+            (at most `scope_memo.MEMO_MAX_FACTS`); 0 holds none.
         :raises ConfigurationError: a name or value is not allowed (checked here, not at first query).
         """
         self.connection_string = connection_string

@@ -1,0 +1,251 @@
+"""A small assignment's recall rows kept in process memory while a print of them, read with each recall's
+query terms, says they are what the exact path would read.
+
+The exact path (`candidates.SCOPE_ROWS`) reads a whole scope on every recall: its governing rows, and for each
+its recall row's vector, length and packed lexemes. Most of that is the same from one recall to the next, and
+reading it is a third of a lexical recall's PostgreSQL time. So a recall of the usual kind (the facts'
+audience, the admitted statuses, valid now: `ScopeQuery.held_kind`) on a scope of at most
+`big_scope.EXACT_SCOPE_MAX` facts reads, in the round trip of its query's lexemes, the scope's **print**
+(`MEMO_PRINT`): the count of the rows the exact path would read and the sum of a 64-bit hash per row of what
+it reads from them (the governing row's id, seq, creation time, expiry, content hash and whether it is
+ranked or only lends context, with the version of its recall row, `xmin`). While the print is the one the
+rows were read with (`MEMO_ROWS`, print and rows from one snapshot), they are ranked from memory
+(`scope_cache.HeldScope.rank`, the ranking the exact path runs); otherwise they are read again.
+
+Unlike the big scopes' check (`scope_cache.SCOPE_CHECK`), the print applies the scope's whole condition at
+recall time: a fact approved, retired, superseded or past its validity, a recall row rewritten in place
+(lexemes inherited by a successor, a fact stored again with a new vector) all change it, so the answer is
+the exact path's. A scope holding a fact without a usable recall row (written by other tools: the exact
+path tokenises its text at query time, packing only the query's lexemes) is noted as such and takes the
+exact path. The scope is a condition of every statement, and memos are keyed by org and assignment.
+
+Usage:
+```python
+memo = ScopeMemo(max_facts=20_000, dimension=384)
+now = Print.of(*row[2:])                   # `MEMO_PRINT`'s last two columns, read with the query's terms
+route = memo.route(("acme", "a1"))        # "print": read `MEMO_PRINT` with the query's terms
+kept = (memo.current(("acme", "a1"), now) if route == "print" else None) or memo.read(cursor, statement, params)
+ranked = kept.scope.rank(query_embedding, query_terms, ranking) if kept.scope is not None else None
+```
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import psycopg
+from psycopg import sql
+
+from haystack_osa_memory.store.scope_cache import HeldScope
+
+#: Facts of small assignments each process keeps (~2.2 kB each with 384-d vectors), least recently used out
+#: first; never more than `MemoryConfig.scope_cache_facts`, and none when that is 0.
+MEMO_MAX_FACTS = 20_000
+
+# The rows the exact path reads (`candidates.SCOPE_ROWS`' ``s``: the same condition), each with its version.
+_SCOPE = sql.SQL(
+    """m AS MATERIALIZED (
+    SELECT g.id AS document_id, g.seq, g.created_at, g.metadata->>'expires_at' AS expires_at, g.content_hash,
+           g.status = ANY(%(statuses)s) AS scored, g.xmin::text AS row_version
+    FROM {schema}.{gov} g
+    WHERE g.org_id = %(org_id)s
+      AND g.audience = ANY(%(audiences)s)
+      AND g.status = ANY(%(read_statuses)s)
+      AND g.metadata->>'assignment_id' = %(assignment_id)s
+      AND {valid_at}
+)"""
+)
+# Each row's recall row, probed by primary key (fenced, as in `SCOPE_ROWS`), with its version and the columns
+# named in ``columns``.
+_RECALL_ROW = sql.SQL(
+    """LEFT JOIN LATERAL (
+        SELECT t.xmin::text AS version{columns} FROM {schema}.osa_fact_terms t
+        WHERE t.document_id = m.document_id AND t.org_id = %(org_id)s
+        OFFSET 0
+    ) t ON true"""
+)
+# The print of rows ``r`` (a row's and its recall row's versions change with every write to them).
+_PRINT = sql.SQL(
+    """count(*) AS count,
+    coalesce(sum(hashtextextended(r.document_id || '/' || r.row_version || '/' || coalesce(r.version, ''), 0)::numeric),
+             0) AS total"""
+)
+# The print alone, with the query's terms (`recall_rows.QUERY_TERMS`) in the same round trip.
+MEMO_PRINT = sql.SQL(
+    """SELECT q.*, p.count, p.total
+FROM ({query_terms}) q(lexemes, hashes),
+     (WITH {scope} SELECT {print} FROM (SELECT m.*, t.* FROM m {recall_row}) r) p"""
+)
+# The print and the rows, from one snapshot, in the exact path's order. ``usable``: the recall row is the one
+# the exact path would rank (same content hash and language, lexemes packed).
+MEMO_ROWS = sql.SQL(
+    """WITH {scope},
+r AS MATERIALIZED (SELECT m.*, t.* FROM m {recall_row})
+SELECT p.count, p.total, r.document_id, r.expires_at, r.seq, vector_send(r.embedding), r.dl::float8, r.terms,
+       r.scored, (r.version IS NOT NULL AND r.recall_hash = r.content_hash AND r.language = %(language)s::text
+                  AND r.terms IS NOT NULL) AS usable
+FROM (SELECT {print} FROM r) p LEFT JOIN r ON true
+ORDER BY r.seq, r.created_at, r.document_id"""
+)
+_RECALL_COLUMNS = sql.SQL(", t.content_hash AS recall_hash, t.language, t.embedding, t.dl, t.terms")
+
+
+@dataclass(frozen=True)
+class Statements:
+    """The memo's two statements for one configuration (composed once by the repository)."""
+
+    print: sql.Composed
+    rows: sql.Composed
+
+    @classmethod
+    def compose(
+        cls, names: dict[str, sql.Identifier], valid_at: sql.Composable, query_terms: sql.Composable
+    ) -> Statements:
+        scope = _SCOPE.format(valid_at=valid_at, **names)
+        return cls(
+            print=MEMO_PRINT.format(
+                scope=scope,
+                query_terms=query_terms,
+                print=_PRINT,
+                recall_row=_RECALL_ROW.format(columns=sql.SQL(""), **names),
+            ),
+            rows=MEMO_ROWS.format(
+                scope=scope, print=_PRINT, recall_row=_RECALL_ROW.format(columns=_RECALL_COLUMNS, **names)
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class Print:
+    """A scope's print (`MEMO_PRINT`): how many rows the exact path would read, and their hashes summed."""
+
+    count: int
+    total: int
+
+    @classmethod
+    def of(cls, count: Any, total: Any) -> Print:
+        return cls(int(count), int(total))
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A scope's rows as read at ``print``; ``scope`` None when one lacks a usable recall row (exact path)."""
+
+    print: Print
+    scope: HeldScope | None
+
+    def __len__(self) -> int:
+        return len(self.scope) if self.scope is not None else 0
+
+
+#: After a recall finds its scope changed since its rows were read (and reads them again), the next 1, 2, 4, ...
+#: up to this many recalls of it take the exact path: a scope written between most of its recalls (an agent
+#: storing facts, each store searching the facts it may replace) would otherwise pay for a print that never
+#: matches and for rows kept for no recall.
+MAX_SKIPS = 16
+
+
+#: Seconds a scope holding a fact without a usable recall row (or too big to keep) takes the exact path before
+#: it is read again.
+UNUSABLE_RECHECK_S = 30.0
+
+#: How a recall reads its scope (`ScopeMemo.route`).
+Route = Literal["print", "rows", "exact"]
+
+
+@dataclass
+class _Entry:
+    kept: Kept
+    read_at: float = field(default_factory=time.monotonic)
+    skips: int = 0  # recalls still to skip the print
+    streak: int = 0  # changes found in a row
+
+
+class ScopeMemo:
+    """Small scopes' rows of one process, least recently used first out, at most ``max_facts`` facts in all.
+
+    Thread-safe: kept rows are never changed (a changed scope is read into a new `Kept`), so recalls rank them
+    without a lock; the table of scopes has its own."""
+
+    def __init__(self, max_facts: int, dimension: int) -> None:
+        self.max_facts = max_facts
+        self.dimension = dimension
+        self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+        self._facts = 0
+        self._lock = threading.Lock()
+        #: Scopes read, recalls answered from the rows kept, and prints that found the scope changed.
+        self.reads = 0
+        self.hits = 0
+        self.changed = 0
+
+    def route(self, key: tuple[str, str]) -> Route:
+        """How a recall of ``key`` reads its scope: ``print`` (rows are kept: read the print with the query's
+        terms), ``rows`` (none kept: read them with their print), or ``exact`` (`candidates.SCOPE_ROWS`: the
+        scope changes between most recalls, `MAX_SKIPS`; or it holds a fact without a usable recall row, or
+        more facts than the memo has room for, looked at again after `UNUSABLE_RECHECK_S`)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return "rows"
+            if entry.kept.scope is None:
+                return "exact" if time.monotonic() - entry.read_at < UNUSABLE_RECHECK_S else "rows"
+            if entry.skips > 0:
+                entry.skips -= 1
+                return "exact"
+            return "print"
+
+    def current(self, key: tuple[str, str], now: Print) -> Kept | None:
+        """The rows kept for ``key`` if they were read at the print ``now``; else None, and the next recalls
+        of ``key`` skip the print (`MAX_SKIPS`)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            if entry.kept.print != now:
+                self.changed += 1
+                entry.streak = min(entry.streak + 1, MAX_SKIPS.bit_length())
+                entry.skips = min(2 ** (entry.streak - 1), MAX_SKIPS)
+                return None
+            self._entries.move_to_end(key)
+            entry.streak = 0
+            self.hits += 1
+            return entry.kept
+
+    def read(self, cur: psycopg.Cursor[Any], statement: sql.Composed | bytes, params: dict[str, Any]) -> Kept:
+        """Read the scope of ``params`` (`FactRepository`'s scope parameters with ``language``) with
+        `MEMO_ROWS` on ``cur`` (a binary cursor) and keep it when it fits."""
+        rows = cur.execute(statement, params).fetchall()
+        kept = self._kept_of(rows)
+        self._keep((str(params["org_id"]), str(params["assignment_id"])), kept)
+        return kept
+
+    def _kept_of(self, rows: Sequence[tuple[Any, ...]]) -> Kept:
+        printed = Print.of(rows[0][0], rows[0][1])  # the print's row joins every row (and stands alone if none)
+        facts = [r for r in rows if r[2] is not None]
+        if not all(r[9] for r in facts):
+            return Kept(printed, None)
+        scope = HeldScope(self.dimension)
+        scope.append([r[2:9] for r in facts])
+        return Kept(printed, scope)
+
+    def _keep(self, key: tuple[str, str], kept: Kept) -> None:
+        with self._lock:
+            self.reads += 1
+            entry = self._entries.pop(key, None)
+            if entry is not None:
+                self._facts -= len(entry.kept)
+            if len(kept) > self.max_facts:
+                kept = Kept(kept.print, None)  # too big to keep: the exact path, looked at again later
+            if entry is None:
+                entry = _Entry(kept)
+            entry.kept, entry.read_at = kept, time.monotonic()
+            self._entries[key] = entry
+            self._facts += len(kept)
+            while self._facts > self.max_facts:
+                _, gone = self._entries.popitem(last=False)
+                self._facts -= len(gone.kept)

@@ -1,0 +1,103 @@
+"""`ScopeMemo`'s bookkeeping without a database: rows of `MEMO_ROWS`' shape are kept least recently used
+first out within ``max_facts``, a scope too big or holding a fact without a usable recall row routes to the
+exact path, and a changed print makes the next recalls skip it, 1, 2, 4, ... up to `MAX_SKIPS`."""
+
+from __future__ import annotations
+
+import struct
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from haystack_osa_memory.store import scope_memo
+from haystack_osa_memory.store.scope_memo import MAX_SKIPS, Print, ScopeMemo
+
+DIM = 4
+
+
+def rows_of(facts: int, total: int, *, usable: bool = True) -> list[tuple[Any, ...]]:
+    """`MEMO_ROWS`' columns: the print, then id, expiry, seq, vector (pgvector's binary form), dl, terms,
+    scored, usable."""
+    vector = struct.pack(">hh4f", DIM, 0, 1.0, 0.0, 0.0, 0.0)
+    return [
+        (facts, Decimal(total), f"d{i}", None, i + 1, vector, 3.0, b"", True, usable or i > 0) for i in range(facts)
+    ]
+
+
+class Rows:
+    """A cursor that returns the rows given (the statement is `MEMO_ROWS`, run for real in the integration
+    tests)."""
+
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+        self.rows = rows
+
+    def execute(self, statement: Any, params: Any) -> Rows:
+        return self
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return self.rows
+
+
+def read(memo: ScopeMemo, key: tuple[str, str], rows: list[tuple[Any, ...]]) -> Any:
+    return memo.read(Rows(rows), b"", {"org_id": key[0], "assignment_id": key[1]})  # type: ignore[arg-type]
+
+
+def test_kept_rows_answer_while_the_print_is_the_same() -> None:
+    memo = ScopeMemo(max_facts=100, dimension=DIM)
+    key = ("acme", "a1")
+    assert memo.route(key) == "rows"
+    kept = read(memo, key, rows_of(3, 7))
+    assert kept.scope is not None
+    assert kept.scope.document_ids == ["d0", "d1", "d2"]
+    assert memo.route(key) == "print"
+    assert memo.current(key, Print(3, 7)) is kept
+    assert memo.current(("acme", "a2"), Print(3, 7)) is None  # another scope: never these rows
+    assert (memo.reads, memo.hits, memo.changed) == (1, 1, 0)
+
+
+def test_a_changed_print_skips_the_next_recalls_doubling_up_to_the_bound() -> None:
+    memo = ScopeMemo(max_facts=100, dimension=DIM)
+    key = ("acme", "a1")
+    read(memo, key, rows_of(3, 7))
+    skipped = []
+    for n in range(7):
+        assert memo.route(key) == "print"
+        assert memo.current(key, Print(3 + n + 1, 7)) is None  # changed since the rows were read
+        read(memo, key, rows_of(3, 7))  # read again (the print stays as it was: the test's choice)
+        skips = 0
+        while memo.route(key) == "exact":
+            skips += 1
+        skipped.append(skips)
+    assert skipped == [1, 2, 4, 8, 16, 16, 16]
+    assert MAX_SKIPS == 16
+    assert memo.current(key, Print(3, 7)) is not None  # unchanged: the streak ends
+    read(memo, key, rows_of(3, 7))
+    assert memo.route(key) == "print"
+    assert memo.current(key, Print(4, 7)) is None
+    assert memo.route(key) == "exact"
+    assert memo.route(key) == "print"  # one skip again
+
+
+@pytest.mark.parametrize("usable", [False, True])
+def test_a_scope_not_kept_takes_the_exact_path_until_looked_at_again(
+    usable: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    memo = ScopeMemo(max_facts=2 if usable else 100, dimension=DIM)  # too big, or a fact without recall row
+    key = ("acme", "a1")
+    kept = read(memo, key, rows_of(3, 7, usable=usable))
+    assert (kept.scope is None) == (not usable)  # rows too many to keep still answer the recall that read them
+    assert memo.route(key) == "exact"
+    monkeypatch.setattr(scope_memo.time, "monotonic", lambda: 10**9)
+    assert memo.route(key) == "rows"
+
+
+def test_the_least_recently_used_scope_goes_first() -> None:
+    memo = ScopeMemo(max_facts=5, dimension=DIM)
+    read(memo, ("acme", "a1"), rows_of(2, 1))
+    read(memo, ("acme", "a2"), rows_of(2, 2))
+    assert memo.current(("acme", "a1"), Print(2, 1)) is not None  # a1 used last
+    read(memo, ("acme", "a3"), rows_of(2, 3))  # 6 facts: one scope out
+    assert memo.route(("acme", "a2")) == "rows"
+    assert memo.route(("acme", "a1")) == "print"
+    assert memo.route(("acme", "a3")) == "print"
