@@ -79,7 +79,7 @@ from haystack_osa_memory.store.recall_rows import (
 )
 from haystack_osa_memory.store.scope_cache import Check, HeldScope, ScopeCache, governing_row_by_id
 from haystack_osa_memory.store.scope_cache import Statements as CacheStatements
-from haystack_osa_memory.store.scope_memo import MEMO_MAX_FACTS, Print, ScopeMemo
+from haystack_osa_memory.store.scope_memo import MEMO_MAX_FACTS, Kept, Print, ScopeMemo
 from haystack_osa_memory.store.scope_memo import Statements as MemoStatements
 from haystack_osa_memory.store.scope_query import (
     CONTEXT_STATUSES,
@@ -360,10 +360,10 @@ class FactRepository(FactWriting, BigScopes):
                     cur, params, query_terms, size, ranking, embedding is not None, boost_terms=boost_terms
                 )
             if route != "exact" and memo is not None:
-                kept = (memo.current(key, printed) if printed is not None else None) or memo.read(
-                    cur, self._memo_rows, params
-                )
-                if kept.scope is not None:
+                kept = memo.current(key, printed) if printed is not None else route
+                if kept == "rows":
+                    kept = memo.read(cur, self._memo_rows, params)
+                if isinstance(kept, Kept) and kept.scope is not None:
                     return _held_hits(kept.scope, embedding, query_terms, ranking, boost_terms)
             rows = cur.execute(self._scope_rows, params).fetchall()
         return exact_hits(rows, query_terms, ranking, boost_terms)

@@ -6,26 +6,29 @@ its recall row's vector, length and packed lexemes. Most of that is the same fro
 reading it is a third of a lexical recall's PostgreSQL time. So a recall of the usual kind (the facts'
 audience, the admitted statuses, valid now: `ScopeQuery.held_kind`) on a scope of at most
 `big_scope.EXACT_SCOPE_MAX` facts reads, in the round trip of its query's lexemes, the scope's **print**
-(`MEMO_PRINT`): the count of the rows the exact path would read and the sum of a 64-bit hash per row of what
-it reads from them (the governing row's id, seq, creation time, expiry, content hash and whether it is
-ranked or only lends context, with the version of its recall row, `xmin`). While the print is the one the
-rows were read with (`MEMO_ROWS`, print and rows from one snapshot), they are ranked from memory
-(`scope_cache.HeldScope.rank`, the ranking the exact path runs); otherwise they are read again.
+(`MEMO_PRINT`): the count of the rows the exact path would read and the sum of a 64-bit hash per row of its
+id and the versions (`xmin`: every write makes a new one) of its governing row and of its recall row. While
+the print is the one the rows were read with (`MEMO_ROWS`, print and rows from one snapshot), they are ranked
+from memory (`scope_cache.HeldScope.rank`, the ranking the exact path runs). When it is not, the recall takes
+the exact path, and the rows are read again once two prints in a row agree (`MAX_SKIPS`).
 
 Unlike the big scopes' check (`scope_cache.SCOPE_CHECK`), the print applies the scope's whole condition at
-recall time: a fact approved, retired, superseded or past its validity, a recall row rewritten in place
-(lexemes inherited by a successor, a fact stored again with a new vector) all change it, so the answer is
-the exact path's. A scope holding a fact without a usable recall row (written by other tools: the exact
-path tokenises its text at query time, packing only the query's lexemes) is noted as such and takes the
-exact path. The scope is a condition of every statement, and memos are keyed by org and assignment.
+recall time: a fact stored, approved, retired, superseded or past its validity, a governing row's expiry or
+status changed, a recall row rewritten in place (lexemes inherited by a successor, a fact stored again with a
+new vector) all change it, so the answer is always the exact path's. A scope holding a fact without a usable
+recall row (written by other tools: the exact path tokenises its text at query time, packing only the query's
+lexemes) is noted as such and takes the exact path. The scope is a condition of every statement, and the rows
+are kept by org and assignment.
 
 Usage:
 ```python
 memo = ScopeMemo(max_facts=20_000, dimension=384)
-now = Print.of(*row[2:])                   # `MEMO_PRINT`'s last two columns, read with the query's terms
-route = memo.route(("acme", "a1"))        # "print": read `MEMO_PRINT` with the query's terms
-kept = (memo.current(("acme", "a1"), now) if route == "print" else None) or memo.read(cursor, statement, params)
-ranked = kept.scope.rank(query_embedding, query_terms, ranking) if kept.scope is not None else None
+route = memo.route(("acme", "a1"))        # "print": read `MEMO_PRINT` with the query's terms, then
+now = Print.of(*row[2:])                   # its last two columns
+kept = memo.current(("acme", "a1"), now) if route == "print" else route
+if kept == "rows":
+    kept = memo.read(cursor, statement, params)
+ranked = kept.scope.rank(query_embedding, query_terms, ranking) if isinstance(kept, Kept) and kept.scope else None
 ```
 """
 
@@ -143,10 +146,10 @@ class Kept:
         return len(self.scope) if self.scope is not None else 0
 
 
-#: After a recall finds its scope changed since its rows were read (and reads them again), the next 1, 2, 4, ...
-#: up to this many recalls of it take the exact path: a scope written between most of its recalls (an agent
-#: storing facts, each store searching the facts it may replace) would otherwise pay for a print that never
-#: matches and for rows kept for no recall.
+#: After a recall finds its scope changed since its rows were read, it takes the exact path, and so do the next
+#: 1, 2, 4, ... up to this many recalls of it; the rows are read again only when two prints in a row agree. A
+#: scope written between most of its recalls (an agent storing facts, each store searching the facts it may
+#: replace) would otherwise pay for a print that never matches and for rows kept for no recall.
 MAX_SKIPS = 16
 
 
@@ -164,6 +167,7 @@ class _Entry:
     read_at: float = field(default_factory=time.monotonic)
     skips: int = 0  # recalls still to skip the print
     streak: int = 0  # changes found in a row
+    seen: Print | None = None  # the print last found changed
 
 
 class ScopeMemo:
@@ -199,22 +203,26 @@ class ScopeMemo:
                 return "exact"
             return "print"
 
-    def current(self, key: tuple[str, str], now: Print) -> Kept | None:
-        """The rows kept for ``key`` if they were read at the print ``now``; else None, and the next recalls
-        of ``key`` skip the print (`MAX_SKIPS`)."""
+    def current(self, key: tuple[str, str], now: Print) -> Kept | Literal["rows", "exact"]:
+        """The rows kept for ``key`` if they were read at the print ``now``. Otherwise ``rows`` when the scope
+        has not changed since the previous print found it changed (read the rows again: they are likely to be
+        used), else ``exact`` (take the exact path; the next recalls of ``key`` skip the print, `MAX_SKIPS`)."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
-                return None
-            if entry.kept.print != now:
-                self.changed += 1
-                entry.streak = min(entry.streak + 1, MAX_SKIPS.bit_length())
-                entry.skips = min(2 ** (entry.streak - 1), MAX_SKIPS)
-                return None
-            self._entries.move_to_end(key)
-            entry.streak = 0
-            self.hits += 1
-            return entry.kept
+                return "rows"
+            if entry.kept.print == now:
+                self._entries.move_to_end(key)
+                entry.streak, entry.seen = 0, None
+                self.hits += 1
+                return entry.kept
+            self.changed += 1
+            if entry.seen == now:
+                return "rows"
+            entry.seen = now
+            entry.streak = min(entry.streak + 1, MAX_SKIPS.bit_length())
+            entry.skips = min(2 ** (entry.streak - 1), MAX_SKIPS)
+            return "exact"
 
     def read(self, cur: psycopg.Cursor[Any], statement: sql.Composed | bytes, params: dict[str, Any]) -> Kept:
         """Read the scope of ``params`` (`FactRepository`'s scope parameters with ``language``) with
@@ -243,7 +251,7 @@ class ScopeMemo:
                 kept = Kept(kept.print, None)  # too big to keep: the exact path, looked at again later
             if entry is None:
                 entry = _Entry(kept)
-            entry.kept, entry.read_at = kept, time.monotonic()
+            entry.kept, entry.read_at, entry.seen = kept, time.monotonic(), None
             self._entries[key] = entry
             self._facts += len(kept)
             while self._facts > self.max_facts:

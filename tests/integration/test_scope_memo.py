@@ -207,14 +207,18 @@ def test_a_scope_written_between_its_recalls_stops_reading_its_print(
     for i in range(12):
         answer(kept, alice, QUERIES[i % len(QUERIES)])
         other.store(f"Note {i}: the walrus deploy number is {1000 + i}.", caller=alice)
-    # First read, then a print that finds the scope changed; then 1, 2, 4 recalls skip it, each after a print.
+    # First read, then a print that finds the scope changed; then 1, 2, 4 recalls skip it, each after a print,
+    # and none reads the rows again (two prints in a row never agree).
     assert routes == ["rows", "print", "exact", "print", "exact", "exact", "print", *["exact"] * 4, "print"]
+    assert memo.reads == 1
     same_answers(kept, hybrid_config, alice, QUERIES)
-    # Unchanged again: the print matches and the rows kept answer.
+    # Unchanged again: two prints in a row agree, the rows are read again and answer.
     key = (alice.org_id, alice.assignment_id)
     memo._entries[key].skips = 0
-    answer(kept, alice, QUERIES[0])  # changed by the last store: read again
+    answer(kept, alice, QUERIES[0])  # changed by the last store: the exact path
     memo._entries[key].skips = 0
+    answer(kept, alice, QUERIES[0])  # the same print: read again
+    assert memo.reads == 2
     hits = memo.hits
     same_answers(kept, hybrid_config, alice, QUERIES[:1])
     assert memo.hits == hits + 1

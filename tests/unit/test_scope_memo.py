@@ -52,31 +52,38 @@ def test_kept_rows_answer_while_the_print_is_the_same() -> None:
     assert kept.scope.document_ids == ["d0", "d1", "d2"]
     assert memo.route(key) == "print"
     assert memo.current(key, Print(3, 7)) is kept
-    assert memo.current(("acme", "a2"), Print(3, 7)) is None  # another scope: never these rows
+    assert memo.current(("acme", "a2"), Print(3, 7)) == "rows"  # another scope: never these rows
     assert (memo.reads, memo.hits, memo.changed) == (1, 1, 0)
 
 
-def test_a_changed_print_skips_the_next_recalls_doubling_up_to_the_bound() -> None:
+def skips(memo: ScopeMemo, key: tuple[str, str]) -> int:
+    """The recalls that take the exact path before the next print."""
+    n = 0
+    while memo.route(key) == "exact":
+        n += 1
+    return n
+
+
+def test_a_changing_scope_takes_the_exact_path_skipping_the_print_doubling_up_to_the_bound() -> None:
     memo = ScopeMemo(max_facts=100, dimension=DIM)
     key = ("acme", "a1")
     read(memo, key, rows_of(3, 7))
     skipped = []
     for n in range(7):
         assert memo.route(key) == "print"
-        assert memo.current(key, Print(3 + n + 1, 7)) is None  # changed since the rows were read
-        read(memo, key, rows_of(3, 7))  # read again (the print stays as it was: the test's choice)
-        skips = 0
-        while memo.route(key) == "exact":
-            skips += 1
-        skipped.append(skips)
+        assert memo.current(key, Print(3, 100 + n)) == "exact"  # changed since the last print
+        skipped.append(skips(memo, key))
     assert skipped == [1, 2, 4, 8, 16, 16, 16]
     assert MAX_SKIPS == 16
-    assert memo.current(key, Print(3, 7)) is not None  # unchanged: the streak ends
-    read(memo, key, rows_of(3, 7))
+    assert memo.reads == 1  # never read again while it changes
+    # Two prints in a row agree: read the rows again; then they answer, and the streak ends.
+    assert memo.current(key, Print(3, 106)) == "rows"
+    read(memo, key, rows_of(3, 106))
     assert memo.route(key) == "print"
-    assert memo.current(key, Print(4, 7)) is None
-    assert memo.route(key) == "exact"
-    assert memo.route(key) == "print"  # one skip again
+    assert memo.current(key, Print(3, 106)) is not None
+    assert memo.current(key, Print(4, 106)) == "exact"
+    assert skips(memo, key) == 1  # one skip again
+    assert (memo.reads, memo.hits, memo.changed) == (2, 1, 9)
 
 
 @pytest.mark.parametrize("usable", [False, True])
