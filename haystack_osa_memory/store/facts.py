@@ -343,7 +343,7 @@ class FactRepository(FactWriting, BigScopes):
                 row = cur.execute(self._memo_print, {**params, "query": query}).fetchone()
                 assert row is not None  # as above
                 lexemes, query_terms = list(row[0]), list(row[1])
-                printed = Print.of(row[2], row[3])
+                printed = Print.of(*row[2:])
             else:
                 lexemes, query_terms = self.query_terms(query, conn=c)
             boost_terms = boost.hashes if boost is not None and ranking.time_boost else []

@@ -24,7 +24,7 @@ Usage:
 ```python
 memo = ScopeMemo(max_facts=20_000, dimension=384)
 route = memo.route(("acme", "a1"))        # "print": read `MEMO_PRINT` with the query's terms, then
-now = Print.of(*row[2:])                   # its last two columns
+now = Print.of(*row[2:])                   # its last four columns
 kept = memo.current(("acme", "a1"), now) if route == "print" else route
 if kept == "rows":
     kept = memo.read(cursor, statement, params)
@@ -54,7 +54,7 @@ MEMO_MAX_FACTS = 20_000
 _SCOPE = sql.SQL(
     """m AS MATERIALIZED (
     SELECT g.id AS document_id, g.seq, g.created_at, g.metadata->>'expires_at' AS expires_at, g.content_hash,
-           g.status = ANY(%(statuses)s) AS scored, g.xmin::text AS row_version
+           g.status = ANY(%(statuses)s) AS scored, g.xmin::text AS version
     FROM {schema}.{gov} g
     WHERE g.org_id = %(org_id)s
       AND g.audience = ANY(%(audiences)s)
@@ -63,37 +63,35 @@ _SCOPE = sql.SQL(
       AND {valid_at}
 )"""
 )
-# Each row's recall row, probed by primary key (fenced, as in `SCOPE_ROWS`), with its version and the columns
-# named in ``columns``.
-_RECALL_ROW = sql.SQL(
-    """LEFT JOIN LATERAL (
-        SELECT t.xmin::text AS version{columns} FROM {schema}.osa_fact_terms t
-        WHERE t.document_id = m.document_id AND t.org_id = %(org_id)s
-        OFFSET 0
-    ) t ON true"""
+# The scope's recall rows (those the scope index of `osa_fact_terms` finds, `ddl.SCOPE_SEQ_INDEX`), each with
+# its version and the columns named in ``columns``. A fact's recall row outside them (its scope columns not
+# the governing row's) is one the kept rows do without: the scope then takes the exact path.
+_RECALL_ROWS = sql.SQL(
+    """r AS MATERIALIZED (
+    SELECT t.document_id, t.xmin::text AS version{columns} FROM {schema}.osa_fact_terms t
+    WHERE t.org_id = %(org_id)s AND t.assignment_id = %(assignment_id)s
+)"""
 )
-# The print of rows ``r`` (a row's and its recall row's versions change with every write to them).
+# How many rows ``{rows}`` holds and the sum of a hash of each one's id and version (a write makes a new one).
 _PRINT = sql.SQL(
-    """count(*) AS count,
-    coalesce(sum(hashtextextended(r.document_id || '/' || r.row_version || '/' || coalesce(r.version, ''), 0)::numeric),
-             0) AS total"""
+    "SELECT count(*), coalesce(sum(hashtextextended(x.document_id || '/' || x.version, 0)::numeric), 0) FROM {rows} x"
 )
-# The print alone, with the query's terms (`recall_rows.QUERY_TERMS`) in the same round trip.
+# The print alone (the governing rows', then the recall rows'), with the query's terms
+# (`recall_rows.QUERY_TERMS`) in the same round trip.
 MEMO_PRINT = sql.SQL(
-    """SELECT q.*, p.count, p.total
+    """SELECT q.*, p.*
 FROM ({query_terms}) q(lexemes, hashes),
-     (WITH {scope} SELECT {print} FROM (SELECT m.*, t.* FROM m {recall_row}) r) p"""
+     (WITH {scope}, {recall_rows} SELECT pm.*, pr.* FROM ({print_m}) pm, ({print_r}) pr) p"""
 )
-# The print and the rows, from one snapshot, in the exact path's order. ``usable``: the recall row is the one
-# the exact path would rank (same content hash and language, lexemes packed).
+# The print and the rows, from one snapshot, in the exact path's order. ``usable``: the fact's recall row is
+# among the scope's and is the one the exact path would rank (same content hash and language, lexemes packed).
 MEMO_ROWS = sql.SQL(
-    """WITH {scope},
-r AS MATERIALIZED (SELECT m.*, t.* FROM m {recall_row})
-SELECT p.count, p.total, r.document_id, r.expires_at, r.seq, vector_send(r.embedding), r.dl::float8, r.terms,
-       r.scored, (r.version IS NOT NULL AND r.recall_hash = r.content_hash AND r.language = %(language)s::text
-                  AND r.terms IS NOT NULL) AS usable
-FROM (SELECT {print} FROM r) p LEFT JOIN r ON true
-ORDER BY r.seq, r.created_at, r.document_id"""
+    """WITH {scope}, {recall_rows}
+SELECT pm.*, pr.*, m.document_id, m.expires_at, m.seq, vector_send(r.embedding), r.dl::float8, r.terms, m.scored,
+       (r.document_id IS NOT NULL AND r.recall_hash = m.content_hash AND r.language = %(language)s::text
+        AND r.terms IS NOT NULL) AS usable
+FROM ({print_m}) pm, ({print_r}) pr LEFT JOIN (m LEFT JOIN r ON r.document_id = m.document_id) ON true
+ORDER BY m.seq, m.created_at, m.document_id"""
 )
 _RECALL_COLUMNS = sql.SQL(", t.content_hash AS recall_hash, t.language, t.embedding, t.dl, t.terms")
 
@@ -110,29 +108,35 @@ class Statements:
         cls, names: dict[str, sql.Identifier], valid_at: sql.Composable, query_terms: sql.Composable
     ) -> Statements:
         scope = _SCOPE.format(valid_at=valid_at, **names)
+        prints = {"print_m": _PRINT.format(rows=sql.SQL("m")), "print_r": _PRINT.format(rows=sql.SQL("r"))}
         return cls(
             print=MEMO_PRINT.format(
                 scope=scope,
+                recall_rows=_RECALL_ROWS.format(columns=sql.SQL(""), **names),
                 query_terms=query_terms,
-                print=_PRINT,
-                recall_row=_RECALL_ROW.format(columns=sql.SQL(""), **names),
+                **prints,
             ),
             rows=MEMO_ROWS.format(
-                scope=scope, print=_PRINT, recall_row=_RECALL_ROW.format(columns=_RECALL_COLUMNS, **names)
+                scope=scope, recall_rows=_RECALL_ROWS.format(columns=_RECALL_COLUMNS, **names), **prints
             ),
         )
 
 
 @dataclass(frozen=True)
 class Print:
-    """A scope's print (`MEMO_PRINT`): how many rows the exact path would read, and their hashes summed."""
+    """A scope's print (`MEMO_PRINT`): how many governing rows the exact path would read and their hashes
+    summed, and the same of the scope's recall rows."""
 
-    count: int
-    total: int
+    facts: int
+    facts_total: int
+    recall_rows: int
+    recall_total: int
 
     @classmethod
-    def of(cls, count: Any, total: Any) -> Print:
-        return cls(int(count), int(total))
+    def of(cls, *columns: Any) -> Print:
+        """From the print's four columns."""
+        facts, facts_total, recall_rows, recall_total = columns
+        return cls(int(facts), int(facts_total), int(recall_rows), int(recall_total))
 
 
 @dataclass(frozen=True)
@@ -233,12 +237,12 @@ class ScopeMemo:
         return kept
 
     def _kept_of(self, rows: Sequence[tuple[Any, ...]]) -> Kept:
-        printed = Print.of(rows[0][0], rows[0][1])  # the print's row joins every row (and stands alone if none)
-        facts = [r for r in rows if r[2] is not None]
-        if not all(r[9] for r in facts):
+        printed = Print.of(*rows[0][:4])  # the print's row joins every row (and stands alone if none)
+        facts = [r for r in rows if r[4] is not None]
+        if not all(r[11] for r in facts):
             return Kept(printed, None)
         scope = HeldScope(self.dimension)
-        scope.append([r[2:9] for r in facts])
+        scope.append([r[4:11] for r in facts])
         return Kept(printed, scope)
 
     def _keep(self, key: tuple[str, str], kept: Kept) -> None:

@@ -58,7 +58,7 @@ def stored(hybrid_config: MemoryConfig, alice: Caller) -> list[str]:
     return [writer.store(fact(i), caller=alice)["document_id"] for i in range(FACTS)]
 
 
-def run_sql(config: MemoryConfig, statement: sql.Composable, params: dict[str, Any]) -> int:
+def run_sql(config: MemoryConfig, statement: sql.Composed, params: dict[str, Any]) -> int:
     assert config.pg_conn_str is not None
     with psycopg.connect(config.pg_conn_str, autocommit=True) as conn:
         return conn.execute(statement, params).rowcount
@@ -165,12 +165,19 @@ def test_recall_rows_and_expiry_rewritten_by_hand_are_seen(
     same_answers(kept, hybrid_config, alice, (query, *QUERIES))
 
 
-def test_a_scope_with_a_fact_without_recall_row_takes_the_exact_path(
-    hybrid_config: MemoryConfig, alice: Caller, stored: list[str]
+@pytest.mark.parametrize(
+    "change",
+    [
+        "DELETE FROM {schema}.osa_fact_terms WHERE document_id = %(id)s",  # as a fact written by other tools
+        "UPDATE {schema}.osa_fact_terms SET assignment_id = 'elsewhere' WHERE document_id = %(id)s",
+    ],
+    ids=["no recall row", "recall row outside the scope"],
+)
+def test_a_scope_with_a_fact_without_its_recall_row_takes_the_exact_path(
+    hybrid_config: MemoryConfig, alice: Caller, stored: list[str], change: str
 ) -> None:
-    names = hybrid_config.sql_names()
-    drop = sql.SQL("DELETE FROM {schema}.osa_fact_terms WHERE document_id = %(id)s").format(**names)
-    assert run_sql(hybrid_config, drop, {"id": stored[0]}) == 1  # as a fact written by other tools
+    statement = sql.SQL(change).format(**hybrid_config.sql_names())
+    assert run_sql(hybrid_config, statement, {"id": stored[0]}) == 1
     kept = kept_memory(hybrid_config)
     same_answers(kept, hybrid_config, alice, QUERIES)
     memo = memo_of(kept)

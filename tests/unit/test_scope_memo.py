@@ -17,12 +17,16 @@ DIM = 4
 
 
 def rows_of(facts: int, total: int, *, usable: bool = True) -> list[tuple[Any, ...]]:
-    """`MEMO_ROWS`' columns: the print, then id, expiry, seq, vector (pgvector's binary form), dl, terms,
-    scored, usable."""
+    """`MEMO_ROWS`' columns: the print (`printed`), then id, expiry, seq, vector (pgvector's binary form), dl,
+    terms, scored, usable."""
     vector = struct.pack(">hh4f", DIM, 0, 1.0, 0.0, 0.0, 0.0)
-    return [
-        (facts, Decimal(total), f"d{i}", None, i + 1, vector, 3.0, b"", True, usable or i > 0) for i in range(facts)
-    ]
+    head = (facts, Decimal(total), facts, Decimal(total))
+    return [(*head, f"d{i}", None, i + 1, vector, 3.0, b"", True, usable or i > 0) for i in range(facts)]
+
+
+def printed(facts: int, total: int) -> Print:
+    """The print `rows_of(facts, total)` was read at."""
+    return Print(facts, total, facts, total)
 
 
 class Rows:
@@ -51,8 +55,8 @@ def test_kept_rows_answer_while_the_print_is_the_same() -> None:
     assert kept.scope is not None
     assert kept.scope.document_ids == ["d0", "d1", "d2"]
     assert memo.route(key) == "print"
-    assert memo.current(key, Print(3, 7)) is kept
-    assert memo.current(("acme", "a2"), Print(3, 7)) == "rows"  # another scope: never these rows
+    assert memo.current(key, printed(3, 7)) is kept
+    assert memo.current(("acme", "a2"), printed(3, 7)) == "rows"  # another scope: never these rows
     assert (memo.reads, memo.hits, memo.changed) == (1, 1, 0)
 
 
@@ -71,17 +75,17 @@ def test_a_changing_scope_takes_the_exact_path_skipping_the_print_doubling_up_to
     skipped = []
     for n in range(7):
         assert memo.route(key) == "print"
-        assert memo.current(key, Print(3, 100 + n)) == "exact"  # changed since the last print
+        assert memo.current(key, printed(3, 100 + n)) == "exact"  # changed since the last print
         skipped.append(skips(memo, key))
     assert skipped == [1, 2, 4, 8, 16, 16, 16]
     assert MAX_SKIPS == 16
     assert memo.reads == 1  # never read again while it changes
     # Two prints in a row agree: read the rows again; then they answer, and the streak ends.
-    assert memo.current(key, Print(3, 106)) == "rows"
+    assert memo.current(key, printed(3, 106)) == "rows"
     read(memo, key, rows_of(3, 106))
     assert memo.route(key) == "print"
-    assert memo.current(key, Print(3, 106)) is not None
-    assert memo.current(key, Print(4, 106)) == "exact"
+    assert memo.current(key, printed(3, 106)) is not None
+    assert memo.current(key, printed(4, 106)) == "exact"
     assert skips(memo, key) == 1  # one skip again
     assert (memo.reads, memo.hits, memo.changed) == (2, 1, 9)
 
@@ -103,7 +107,7 @@ def test_the_least_recently_used_scope_goes_first() -> None:
     memo = ScopeMemo(max_facts=5, dimension=DIM)
     read(memo, ("acme", "a1"), rows_of(2, 1))
     read(memo, ("acme", "a2"), rows_of(2, 2))
-    assert memo.current(("acme", "a1"), Print(2, 1)) is not None  # a1 used last
+    assert memo.current(("acme", "a1"), printed(2, 1)) is not None  # a1 used last
     read(memo, ("acme", "a3"), rows_of(2, 3))  # 6 facts: one scope out
     assert memo.route(("acme", "a2")) == "rows"
     assert memo.route(("acme", "a1")) == "print"
