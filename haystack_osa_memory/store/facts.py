@@ -216,7 +216,7 @@ class GoverningRow:
 class FactRepository(FactWriting, BigScopes):
     """All SQL on governing rows and chunks, for one configuration: writing (`FactWriting`), and a scope's
     candidates read whole (`candidates`), from its indexes past `EXACT_SCOPE_MAX` facts (`BigScopes`), or
-    from the copy held in memory (`scope_cache`).
+    from the copy held in memory (`scope_cache` past `EXACT_SCOPE_MAX`, `scope_memo` within it).
 
     Usage:
     ```python
@@ -296,8 +296,9 @@ class FactRepository(FactWriting, BigScopes):
         boost: QueryTerms | None = None,
     ) -> list[ScopeHit]:
         """The facts of ``scope`` within the top ``ranking.k`` of the lexical, vector or fused ranking, in
-        storing order, without their text (one statement over the scope's rows, ranked by
-        `haystack_osa_memory.store.ranking.rank_scope`). ``conn``: a connection from `reading()`.
+        storing order, without their text (the scope's rows, read in one statement or kept in memory while
+        their print is unchanged (`scope_memo`), ranked by `haystack_osa_memory.store.ranking.rank_scope`).
+        ``conn``: a connection from `reading()`.
         ``boost``: lexemes whose holders gain ``ranking.time_boost`` (`query_terms` of some words)."""
         if embedding is not None and len(embedding) != self.config.embedding_dimension:
             msg = (
