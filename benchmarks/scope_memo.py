@@ -19,91 +19,51 @@ change).
 from __future__ import annotations
 
 import argparse
-import json
-import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
 
-from benchmarks.harness import machine_info
-from benchmarks.workload import (
-    add_block_arguments,
-    alternating_blocks,
-    caller_of,
-    check_block_arguments,
-    fact_text,
-    knowledge_base,
-    paired_medians,
-    query_text,
-    seed,
-)
+from benchmarks.workload import two_ways, two_ways_main
 from haystack_osa_memory import Memory
+from haystack_osa_memory.store.scope_memo import ScopeMemo
+
+WAYS = ("exact", "memo")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Seed a fresh knowledge base, then the alternating blocks (see the module's docstring)."""
-    rnd = random.Random(5)
-    with knowledge_base("memo", args.embedder) as (config, postmaster):
-        memory = Memory(config, use_default_embedders=args.embedder != "none")
-        callers = [caller_of(a) for a in range(args.assignments)]
-        seed(memory, callers, args.facts, rnd)
-        memory.warm_up()
+    kept: list[ScopeMemo] = []
+
+    def switch(memory: Memory) -> Callable[[bool], None]:
         assert memory.kb is not None
         repo = memory.kb.facts
-        memo = repo.scope_memo
-        if memo is None:
+        if repo.scope_memo is None:
             msg = "the memo is off (OSA_MEMORY_SCOPE_CACHE_FACTS=0): nothing to compare"
             raise SystemExit(msg)
-        count = 0
+        kept.append(repo.scope_memo)
 
-        def call(_kept: bool) -> None:  # the way is switched per block (`switch`)
-            nonlocal count
-            a, count = count % len(callers), count + 1
-            if args.phase == "recall":
-                memory.recall(query_text(a, rnd), limit=8, caller=callers[a])
-            else:
-                memory.store(fact_text(a, 5 * 10**6 + count, rnd), caller=callers[a])
+        def to(on: bool) -> None:
+            repo.scope_memo = kept[0] if on else None
 
-        def switch(kept: bool) -> None:
-            repo.scope_memo = memo if kept else None
+        return to
 
-        try:
-            samples = alternating_blocks(
-                call, postmaster, warmup=args.warmup, block=args.block, rounds=args.rounds, switch=switch
-            )
-        finally:
-            repo.scope_memo = memo
-    result: dict[str, Any] = {"embedder": args.embedder, "phase": args.phase, "block": args.block}
-    result["rounds"] = args.rounds
+    result = two_ways(args, "memo", WAYS, switch)
+    memo = kept[0]
     result["memo"] = {"reads": memo.reads, "hits": memo.hits, "changed": memo.changed}
-    for part, (exact, kept, paired) in paired_medians(samples).items():
-        result[part] = {"exact_ms": exact, "memo_ms": kept, "ratio": kept / exact if exact else None}
-        result[part]["paired_difference_ms"] = paired
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_block_arguments(parser, assignments=16, block=100, rounds=10, warmup=60)
-    parser.add_argument("--phase", choices=["recall", "store"], default="recall")
-    args = parser.parse_args(argv)
-    check_block_arguments(parser, args)
-    result = run(args)
-    print(f"{args.embedder} {args.phase}, {args.rounds} pairs of {args.block}-call blocks, CPU ms per call:")
-    for part in ("server", "postgres", "total"):
-        r = result[part]
-        ratio = f"{r['ratio']:.3f}x" if r["ratio"] is not None else "n/a"
-        print(
-            f"  {part:8} exact {r['exact_ms']:.3f}  memo {r['memo_ms']:.3f}  ratio {ratio}"
-            f"  median paired difference {r['paired_difference_ms']:+.3f}"
-        )
+def report(result: dict[str, Any]) -> None:
     m = result["memo"]
     print(f"  memo: {m['reads']} scopes read, {m['hits']} recalls from memory, {m['changed']} prints found a change")
-    if args.json:
-        args.json.write_text(json.dumps({"machine": machine_info(), "result": result}, indent=2), encoding="utf-8")
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    defaults = {"assignments": 16, "block": 100, "rounds": 10, "warmup": 60}
+    return two_ways_main(argv, __doc__, WAYS, run, defaults=defaults, report=report)
 
 
 if __name__ == "__main__":

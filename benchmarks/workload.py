@@ -1,6 +1,6 @@
-"""The load benchmarks' workload: the facts and queries of `load.py`, `parameters.py` and `call_parts.py`,
-their callers, and the database cluster's CPU time; for the two in-process scripts, a seeded knowledge base
-and the blocks of calls they measure two ways of, alternating.
+"""The load benchmarks' workload: the facts and queries of `load.py`, `parameters.py`, `call_parts.py` and
+`scope_memo.py`, their callers, and the database cluster's CPU time; for the in-process scripts, a seeded
+knowledge base and the blocks of calls they measure two ways of, alternating (`two_ways`, `two_ways_main`).
 
 Every assignment's facts carry a tag word no other assignment's do (`tag`), so a recall that answered with
 another assignment's fact would show it. `wrk_driver.LUA` draws its queries from the same words.
@@ -9,6 +9,7 @@ another assignment's fact would show it. `wrk_driver.LUA` draws its queries from
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
@@ -17,8 +18,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from benchmarks.harness import database, fresh_schema, postmaster_pid
+from benchmarks.harness import database, fresh_schema, machine_info, postmaster_pid
 from haystack_osa_memory import Caller, Memory, MemoryConfig, use_lean_input_copies
 from haystack_osa_memory.transfer import ImportItem
 
@@ -153,3 +155,85 @@ def paired_medians(samples: dict[bool, list[BlockCpu]]) -> dict[str, tuple[float
         paired = statistics.median(pick(t) - pick(f) for t, f in zip(samples[True], samples[False], strict=True))
         out[part] = (off, on, paired)
     return out
+
+
+def two_ways(
+    args: argparse.Namespace, prefix: str, ways: tuple[str, str], switch: Callable[[Memory], Callable[[bool], object]]
+) -> dict[str, Any]:
+    """Seed a fresh knowledge base (``args``: `add_block_arguments` and ``--phase``), then recall or store in
+    alternating blocks, way False (named ``ways[0]``) and way True (``ways[1]``), ``switch(memory)(way)`` before
+    each block and ``switch(memory)(True)`` (the way the package ships) after the last: the medians per part
+    (`paired_medians`) as ``{part: {"<way>_ms": ..., "ratio": ..., "paired_difference_ms": ...}}``."""
+    rnd = random.Random(5)
+    with knowledge_base(prefix, args.embedder) as (config, postmaster):
+        memory = Memory(config, use_default_embedders=args.embedder != "none")
+        callers = [caller_of(a) for a in range(args.assignments)]
+        seed(memory, callers, args.facts, rnd)
+        memory.warm_up()
+        to = switch(memory)
+        count = 0
+
+        def call(_way: bool) -> None:  # the way is switched per block
+            nonlocal count
+            a, count = count % len(callers), count + 1
+            if args.phase == "recall":
+                memory.recall(query_text(a, rnd), limit=8, caller=callers[a])
+            else:
+                memory.store(fact_text(a, 5 * 10**6 + count, rnd), caller=callers[a])
+
+        try:
+            samples = alternating_blocks(
+                call, postmaster, warmup=args.warmup, block=args.block, rounds=args.rounds, switch=to
+            )
+        finally:
+            to(True)
+    result: dict[str, Any] = {"embedder": args.embedder, "phase": args.phase, "block": args.block}
+    result["rounds"] = args.rounds
+    off_name, on_name = ways
+    for part, (off, on, paired) in paired_medians(samples).items():
+        result[part] = {
+            f"{off_name}_ms": off,
+            f"{on_name}_ms": on,
+            "ratio": on / off if off else None,
+            "paired_difference_ms": paired,
+        }
+    return result
+
+
+def print_two_ways(args: argparse.Namespace, result: dict[str, Any], ways: tuple[str, str]) -> None:
+    """`two_ways`' result as the benchmarks print it."""
+    off_name, on_name = ways
+    print(f"{args.embedder} {args.phase}, {args.rounds} pairs of {args.block}-call blocks, CPU ms per call:")
+    for part in ("server", "postgres", "total"):
+        r = result[part]
+        ratio = f"{r['ratio']:.3f}x" if r["ratio"] is not None else "n/a"
+        print(
+            f"  {part:8} {off_name} {r[f'{off_name}_ms']:.3f}  {on_name} {r[f'{on_name}_ms']:.3f}  ratio {ratio}"
+            f"  median paired difference {r['paired_difference_ms']:+.3f}"
+        )
+
+
+def two_ways_main(
+    argv: list[str] | None,
+    doc: str | None,
+    ways: tuple[str, str],
+    run: Callable[[argparse.Namespace], dict[str, Any]],
+    *,
+    defaults: dict[str, int],
+    report: Callable[[dict[str, Any]], object] | None = None,
+) -> int:
+    """The command line of a two-ways benchmark: `add_block_arguments` (``defaults``: assignments, block,
+    rounds, warmup) and ``--phase``, then ``run``, its result printed (`print_two_ways`, then ``report``) and
+    written to ``--json`` with the machine's description."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_block_arguments(parser, **defaults)
+    parser.add_argument("--phase", choices=["recall", "store"], default="recall")
+    args = parser.parse_args(argv)
+    check_block_arguments(parser, args)
+    result = run(args)
+    print_two_ways(args, result, ways)
+    if report is not None:
+        report(result)
+    if args.json:
+        args.json.write_text(json.dumps({"machine": machine_info(), "result": result}, indent=2), encoding="utf-8")
+    return 0

@@ -14,6 +14,27 @@ from psycopg import sql
 
 from haystack_osa_memory.store.ranking import RankingParams, context_kept, rank_scope
 
+# The caller's governing rows a recall reads, the scope's condition itself: `SCOPE_ROWS` reads them, and so
+# does the print of a scope's kept rows (`scope_memo`), with the columns ``{columns}`` adds.
+SCOPE_GOVERNING_ROWS = sql.SQL(
+    """SELECT g.id AS document_id, g.seq, g.created_at, g.metadata->>'expires_at' AS expires_at, g.content_hash,
+           g.status = ANY(%(statuses)s) AS scored{columns}
+    FROM {schema}.{gov} g
+    WHERE g.org_id = %(org_id)s
+      AND g.audience = ANY(%(audiences)s)
+      AND g.status = ANY(%(read_statuses)s)
+      AND g.metadata->>'assignment_id' = %(assignment_id)s
+      AND {valid_at}"""
+)
+
+
+def scope_governing_rows(
+    names: dict[str, sql.Identifier], valid_at: sql.Composable, columns: sql.Composable | None = None
+) -> sql.Composed:
+    """`SCOPE_GOVERNING_ROWS` for these table names, validity condition and added ``columns`` (none by default)."""
+    return SCOPE_GOVERNING_ROWS.format(columns=columns or sql.SQL(""), valid_at=valid_at, **names)
+
+
 # The rows of one scope, in storing order (`seq`): the caller's governing rows and nothing else, so
 # there is no top-k before the scope is applied and a huge knowledge base of closer matches cannot
 # crowd an assignment's facts out. For each fact it returns what ranking needs
@@ -31,14 +52,7 @@ from haystack_osa_memory.store.ranking import RankingParams, context_kept, rank_
 # `CONTEXT_STATUSES` are read too (``read_statuses``), marked unscored: they only lend context.
 SCOPE_ROWS = sql.SQL(
     """WITH s AS MATERIALIZED (
-    SELECT g.id AS document_id, g.seq, g.created_at, g.metadata->>'expires_at' AS expires_at, g.content_hash,
-           g.status = ANY(%(statuses)s) AS scored
-    FROM {schema}.{gov} g
-    WHERE g.org_id = %(org_id)s
-      AND g.audience = ANY(%(audiences)s)
-      AND g.status = ANY(%(read_statuses)s)
-      AND g.metadata->>'assignment_id' = %(assignment_id)s
-      AND {valid_at}
+    {governing_rows}
 )
 SELECT s.document_id, coalesce(t.document_id, f.chunk_id) AS chunk_id, s.expires_at,
        coalesce(1 - (coalesce(t.embedding, f.embedding) <=> %(embedding)s::vector), 'NaN') AS cos,

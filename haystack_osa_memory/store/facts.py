@@ -50,7 +50,15 @@ from haystack_osa_memory.store.big_scope import (
     ScopeSize,
     postings_prefix,
 )
-from haystack_osa_memory.store.candidates import SCOPE_FACTS, SCOPE_ROWS, Candidate, ScopeHit, exact_hits, with_text
+from haystack_osa_memory.store.candidates import (
+    SCOPE_FACTS,
+    SCOPE_ROWS,
+    Candidate,
+    ScopeHit,
+    exact_hits,
+    scope_governing_rows,
+    with_text,
+)
 from haystack_osa_memory.store.database import read, rendered
 from haystack_osa_memory.store.fact_writing import (
     DETACH_SUCCESSOR,
@@ -236,7 +244,7 @@ class FactRepository(FactWriting, BigScopes):
         self._init_big_scopes(names)
         self._scope_rows_composed = SCOPE_ROWS.format(
             **names,
-            valid_at=VALID_AT,
+            governing_rows=scope_governing_rows(names, VALID_AT),
             lexeme_stats=lexeme_stats(sql.SQL("v.tsv"), sql.SQL("u.lexeme = ANY (%(lexemes)s::text[])")),
         )
         # The statements a recall runs, rendered once (`database.rendered`).

@@ -44,25 +44,16 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
+from haystack_osa_memory.store.candidates import scope_governing_rows
 from haystack_osa_memory.store.scope_cache import HeldScope
 
 #: Facts of small assignments each process keeps (~2.2 kB each with 384-d vectors), least recently used out
 #: first; never more than `MemoryConfig.scope_cache_facts`, and none when that is 0.
 MEMO_MAX_FACTS = 20_000
 
-# The rows the exact path reads (`candidates.SCOPE_ROWS`' ``s``: the same condition), each with its version.
-_SCOPE = sql.SQL(
-    """m AS MATERIALIZED (
-    SELECT g.id AS document_id, g.seq, g.created_at, g.metadata->>'expires_at' AS expires_at, g.content_hash,
-           g.status = ANY(%(statuses)s) AS scored, g.xmin::text AS version
-    FROM {schema}.{gov} g
-    WHERE g.org_id = %(org_id)s
-      AND g.audience = ANY(%(audiences)s)
-      AND g.status = ANY(%(read_statuses)s)
-      AND g.metadata->>'assignment_id' = %(assignment_id)s
-      AND {valid_at}
-)"""
-)
+# The rows the exact path reads (`candidates.SCOPE_GOVERNING_ROWS`: the same condition), each with its version.
+_SCOPE = sql.SQL("m AS MATERIALIZED ({governing_rows})")
+_VERSION = sql.SQL(", g.xmin::text AS version")
 # The scope's recall rows (those the scope index of `osa_fact_terms` finds, `ddl.SCOPE_SEQ_INDEX`), each with
 # its version and the columns named in ``columns``. A fact's recall row outside them (its scope columns not
 # the governing row's) is one the kept rows do without: the scope then takes the exact path.
@@ -107,7 +98,7 @@ class Statements:
     def compose(
         cls, names: dict[str, sql.Identifier], valid_at: sql.Composable, query_terms: sql.Composable
     ) -> Statements:
-        scope = _SCOPE.format(valid_at=valid_at, **names)
+        scope = _SCOPE.format(governing_rows=scope_governing_rows(names, valid_at, _VERSION))
         prints = {"print_m": _PRINT.format(rows=sql.SQL("m")), "print_r": _PRINT.format(rows=sql.SQL("r"))}
         return cls(
             print=MEMO_PRINT.format(
