@@ -97,13 +97,24 @@ def chromium(width: int = 1280, height: int = 900) -> webdriver.Chrome:
     return driver
 
 
+#: What chromedriver says of an element read while its page is being replaced (an "unknown error").
+STALE_NODE = "does not belong to the document"
+
+
 def wait_for_text(driver: webdriver.Chrome, text: str, css: str = "main", timeout: float = 15) -> str:
     """The text of ``css`` once it contains ``text`` (a form post's answer page has loaded)."""
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException, WebDriverException
     from selenium.webdriver.support.ui import WebDriverWait
 
     def found(d: webdriver.Chrome) -> str | bool:
-        shown = str(d.find_element(By.CSS_SELECTOR, css).text)
+        try:
+            shown = str(d.find_element(By.CSS_SELECTOR, css).text)
+        except WebDriverException as e:
+            # An element of the page being replaced, read as the new one arrives: chromedriver answers "unknown
+            # error: ... Node with given id does not belong to the document", not a stale element (docs/traps.md).
+            if STALE_NODE in str(e.msg or ""):
+                return False
+            raise
         return shown if text in shown else False
 
     wait = WebDriverWait(driver, timeout, ignored_exceptions=(NoSuchElementException, StaleElementReferenceException))
