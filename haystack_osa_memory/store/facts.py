@@ -323,22 +323,15 @@ class FactRepository(FactWriting, BigScopes):
             size = self.scope_size(scope.org_id, scope.assignment_id, conn=c)
             if size.facts > self.exact_scope_max:
                 self._refresh_stale_statistics(c)
+            # A recall of the usual kind: held in memory when big, kept when small.
+            usual = scope.held_kind(self.config.admitted_statuses)
             cache = self.scope_cache
             held_here = (
-                size.facts > self.exact_scope_max
-                and cache is not None
-                and size.facts <= cache.max_facts
-                and scope.held_kind(self.config.admitted_statuses)
+                usual and size.facts > self.exact_scope_max and cache is not None and size.facts <= cache.max_facts
             )
             memo = self.scope_memo
             key = (scope.org_id, scope.assignment_id)
-            route = (
-                memo.route(key)
-                if memo is not None
-                and size.facts <= self.exact_scope_max
-                and scope.held_kind(self.config.admitted_statuses)
-                else "exact"
-            )
+            route = memo.route(key) if usual and memo is not None and size.facts <= self.exact_scope_max else "exact"
             seen = Check(0, 0, 0)
             printed: Print | None = None
             if held_here:

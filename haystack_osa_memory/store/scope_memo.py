@@ -28,7 +28,8 @@ now = Print.of(*row[2:])                   # its last four columns
 kept = memo.current(("acme", "a1"), now) if route == "print" else route
 if kept == "rows":
     kept = memo.read(cursor, statement, params)
-ranked = kept.scope.rank(query_embedding, query_terms, ranking) if isinstance(kept, Kept) and kept.scope else None
+if isinstance(kept, Kept) and kept.scope is not None:  # else: the exact path
+    ranked = kept.scope.rank(query_embedding, query_terms, ranking)
 ```
 """
 
