@@ -227,7 +227,7 @@ class MemoryConfig(BaseModel):
         doc="Facts of big assignments (past 5,000 facts) each process holds in memory to rank them exactly "
         "(`store.scope_cache`): vectors, lengths and lexemes, ~2.2 kB per fact with 384-d vectors (~110 MB at "
         "the default, per `serve` worker). An assignment bigger than this takes the index path instead. Small "
-        "assignments' rows are kept too, within at most 20,000 facts more (`store.scope_memo`). `0` holds none. "
+        "assignments' rows are kept too, within at most 12,000 facts more (`store.scope_memo`). `0` holds none. "
         'See docs/operations.md, "Sizing".',
     )
     token: str | None = setting(

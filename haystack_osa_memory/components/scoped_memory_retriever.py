@@ -358,7 +358,8 @@ class ScopedMemoryRetriever:
             # A few more than asked: a restatement with a newer value may rank just below the top k.
             pool = fused[: k + CONFLICT_POOL] if self.resolve_conflicts else fused[:k]
             scores = {hit.document_id: score for hit, score in pool}
-            # Text and metadata only for these facts (the scope is checked again while fetching them).
+            # Text and metadata only for these facts (the scope is checked again while fetching them, or they
+            # come with a kept scope's rows, checked by this recall's print: `store.scope_memo`).
             top = self._repo.candidates([hit for hit, _ in pool], scope, conn=conn)
         period = period_of(query, at or datetime.now(UTC)) if self.period_boost > 0 else None
         if period is not None:

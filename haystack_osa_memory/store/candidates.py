@@ -99,8 +99,9 @@ SCOPE_FACTS = sql.SQL(
 
 class ScopeHit(NamedTuple):
     """One fact of a scope that made a top-k list, before its text is fetched (ranks ``None`` when
-    that side missed it; ``position`` is its place in storing order, from 1). A named tuple, like
-    `RankedFact`: cheap to build by the hundred."""
+    that side missed it; ``position`` is its place in storing order, from 1). ``detail``: its text, metadata
+    and timestamps when they were read with the scope's rows at this recall's print (`scope_memo`), so
+    there is nothing to fetch. A named tuple, like `RankedFact`: cheap to build by the hundred."""
 
     document_id: str
     chunk_id: str
@@ -111,6 +112,7 @@ class ScopeHit(NamedTuple):
     vec_score: float | None
     fused: float
     position: int
+    detail: tuple[str, dict[str, Any], datetime, datetime] | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,27 @@ def exact_hits(
         ScopeHit(document_ids[i], chunk_ids[i], expires[i], lr, ls, vr, vs, fused, i + 1)
         for i, lr, ls, vr, vs, fused in ranked
     ]
+
+
+def plain_copy(value: Any) -> Any:
+    """A deep copy of a JSON value (dicts and lists copied, the rest immutable): metadata kept in memory is
+    handed out as a copy, so that no caller's change reaches the next recall."""
+    if type(value) is dict:
+        return {k: plain_copy(v) for k, v in value.items()}
+    if type(value) is list:
+        return [plain_copy(v) for v in value]
+    return value
+
+
+def kept_details(hits: Sequence[ScopeHit]) -> dict[str, Sequence[Any]] | None:
+    """``hits``' details by id (`with_text`'s), metadata copied, when every hit carries its own; else None."""
+    details: dict[str, Sequence[Any]] = {}
+    for h in hits:
+        if h.detail is None:
+            return None
+        content, metadata, created_at, updated_at = h.detail
+        details[h.document_id] = (content, plain_copy(metadata), created_at, updated_at)
+    return details
 
 
 def with_text(hits: Sequence[ScopeHit], details: dict[str, Sequence[Any]]) -> list[Candidate]:

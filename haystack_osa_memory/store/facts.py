@@ -56,6 +56,7 @@ from haystack_osa_memory.store.candidates import (
     Candidate,
     ScopeHit,
     exact_hits,
+    kept_details,
     scope_governing_rows,
     with_text,
 )
@@ -87,7 +88,7 @@ from haystack_osa_memory.store.recall_rows import (
 )
 from haystack_osa_memory.store.scope_cache import Check, HeldScope, ScopeCache, governing_row_by_id
 from haystack_osa_memory.store.scope_cache import Statements as CacheStatements
-from haystack_osa_memory.store.scope_memo import MEMO_MAX_FACTS, Kept, Print, ScopeMemo
+from haystack_osa_memory.store.scope_memo import MEMO_MAX_FACTS, Detail, Kept, Print, ScopeMemo
 from haystack_osa_memory.store.scope_memo import Statements as MemoStatements
 from haystack_osa_memory.store.scope_query import (
     CONTEXT_STATUSES,
@@ -200,14 +201,23 @@ GOVERNING_ROWS = sql.SQL(
 
 
 def _held_hits(
-    held: HeldScope, embedding: Vector | None, query_terms: list[int], ranking: RankingParams, boost_terms: list[int]
+    held: HeldScope,
+    embedding: Vector | None,
+    query_terms: list[int],
+    ranking: RankingParams,
+    boost_terms: list[int],
+    details: dict[str, Detail] | None = None,
 ) -> list[ScopeHit]:
-    """The hits of a scope ranked from memory (a big scope held, or a small one kept), as `exact_hits` returns."""
+    """The hits of a scope ranked from memory (a big scope held, or a small one kept), as `exact_hits` returns;
+    with their ``details`` (a kept scope's text, read at the print this recall matched)."""
     ids, until = held.document_ids, held.expires
-    return [
-        ScopeHit(ids[i], ids[i], until[i], lr, ls, vr, vs, fused, i + 1)
-        for i, lr, ls, vr, vs, fused in held.rank(embedding, query_terms, ranking, boost_terms)
-    ]
+    ranked = held.rank(embedding, query_terms, ranking, boost_terms)
+    if details is not None:
+        return [
+            ScopeHit(ids[i], ids[i], until[i], lr, ls, vr, vs, fused, i + 1, details[ids[i]])
+            for i, lr, ls, vr, vs, fused in ranked
+        ]
+    return [ScopeHit(ids[i], ids[i], until[i], lr, ls, vr, vs, fused, i + 1) for i, lr, ls, vr, vs, fused in ranked]
 
 
 @dataclass(frozen=True)
@@ -366,7 +376,7 @@ class FactRepository(FactWriting, BigScopes):
                 if kept == "rows":
                     kept = memo.read(cur, self._memo_rows, params)
                 if isinstance(kept, Kept) and kept.scope is not None:
-                    return _held_hits(kept.scope, embedding, query_terms, ranking, boost_terms)
+                    return _held_hits(kept.scope, embedding, query_terms, ranking, boost_terms, kept.details)
             rows = cur.execute(self._scope_rows, params).fetchall()
         return exact_hits(rows, query_terms, ranking, boost_terms)
 
@@ -374,9 +384,14 @@ class FactRepository(FactWriting, BigScopes):
         self, hits: Sequence[ScopeHit], scope: ScopeQuery, *, conn: psycopg.Connection[Any] | None = None
     ) -> list[Candidate]:
         """``hits`` with their text, metadata and timestamps, in the same order; ``scope`` is checked
-        again, so a fact that left it since (retired, moved) is dropped. ``conn``: as in `scope_hits`."""
+        again, so a fact that left it since (retired, moved) is dropped. Hits of a kept scope carry their
+        own, read with its rows and checked by this recall's print (`scope_memo`): nothing is read then.
+        ``conn``: as in `scope_hits`."""
         if not hits:
             return []
+        kept = kept_details(hits)
+        if kept is not None:
+            return with_text(hits, kept)
         params = {
             **scope.params(self.config.admitted_statuses),
             "document_ids": text_array([h.document_id for h in hits]),

@@ -1,30 +1,35 @@
-"""A small assignment's recall rows kept in process memory while a print of them, read with each recall's
-query terms, says they are what the exact path would read.
+"""A small assignment's recall rows, and the text a recall returns of them, kept in process memory while a
+print of them, read with each recall's query terms, says they are what the exact path would read.
 
 The exact path (`candidates.SCOPE_ROWS`) reads a whole scope on every recall: its governing rows, and for each
-its recall row's vector, length and packed lexemes. Most of that is the same from one recall to the next, and
-reading it is a third of a lexical recall's PostgreSQL time. So a recall of the usual kind (the facts'
-audience, the admitted statuses, valid now: `ScopeQuery.held_kind`) on a scope of at most
-`big_scope.EXACT_SCOPE_MAX` facts reads, in the round trip of its query's lexemes, the scope's **print**
-(`MEMO_PRINT`): the count of the rows the exact path would read and the sum of a 64-bit hash per row of its
-id and the versions (`xmin`: every write makes a new one) of its governing row and of its recall row. While
-the print is the one the rows were read with (`MEMO_ROWS`, print and rows from one snapshot), they are ranked
-from memory (`scope_cache.HeldScope.rank`, the ranking the exact path runs). When it is not, the recall takes
-the exact path, and the rows are read again once two prints in a row agree (`MAX_SKIPS`).
+its recall row's vector, length and packed lexemes; then the text, metadata and timestamps of the facts it
+returns (`candidates.SCOPE_FACTS`). Most of that is the same from one recall to the next, and reading it is
+most of a lexical recall's PostgreSQL time. So a recall of the usual kind (the facts' audience, the admitted
+statuses, valid now: `ScopeQuery.held_kind`) on a scope of at most `big_scope.EXACT_SCOPE_MAX` facts reads, in
+the round trip of its query's lexemes, the scope's **print** (`MEMO_PRINT`): for the governing rows the exact
+path would read, for the scope's recall rows and for those facts' chunks, how many there are and the sum of a
+64-bit hash of each one's id and version (`xmin`: every write makes a new one). While the print is the one the
+rows were read with (`MEMO_ROWS`, print, rows and text from one snapshot), they are ranked from memory
+(`scope_cache.HeldScope.rank`, the ranking the exact path runs) and the facts returned carry their text
+(`candidates.ScopeHit.detail`): the print this recall matched is the scope's check, and nothing more is read.
+When it is not, the recall takes the exact path, and the rows are read again once two prints in a row agree
+(`MAX_SKIPS`).
 
 Unlike the big scopes' check (`scope_cache.SCOPE_CHECK`), the print applies the scope's whole condition at
-recall time: a fact stored, approved, retired, superseded or past its validity, a governing row's expiry or
-status changed, a recall row rewritten in place (lexemes inherited by a successor, a fact stored again with a
-new vector) all change it, so the answer is always the exact path's. A scope holding a fact without a usable
-recall row (written by other tools: the exact path tokenises its text at query time, packing only the query's
-lexemes) is noted as such and takes the exact path. The scope is a condition of every statement, and the rows
-are kept by org and assignment.
+recall time: a fact stored, approved, retired, superseded or past its validity, a governing row's expiry,
+status or metadata changed, a recall row rewritten in place (lexemes inherited by a successor, a fact stored
+again with a new vector), a chunk's text rewritten (even with the trigger that drops its recall row switched
+off) all change it, so the answer is always the exact path's. A scope holding a fact without a usable recall
+row (written by other tools: the exact path tokenises its text at query time, packing only the query's
+lexemes) or without its own chunk is noted as such and takes the exact path. The scope is a condition of every
+statement, and the rows are kept by org and assignment; metadata is handed out as a copy
+(`candidates.kept_details`).
 
 Usage:
 ```python
-memo = ScopeMemo(max_facts=20_000, dimension=384)
+memo = ScopeMemo(max_facts=12_000, dimension=384)
 route = memo.route(("acme", "a1"))        # "print": read `MEMO_PRINT` with the query's terms, then
-now = Print.of(*row[2:])                   # its last four columns
+now = Print.of(*row[2:])                   # its last `PRINT_COLUMNS` columns
 kept = memo.current(("acme", "a1"), now) if route == "print" else route
 if kept == "rows":
     kept = memo.read(cursor, statement, params)
@@ -40,6 +45,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal
 
 import psycopg
@@ -48,13 +54,15 @@ from psycopg import sql
 from haystack_osa_memory.store.candidates import scope_governing_rows
 from haystack_osa_memory.store.scope_cache import HeldScope
 
-#: Facts of small assignments each process keeps (~2.2 kB each with 384-d vectors), least recently used out
-#: first; never more than `MemoryConfig.scope_cache_facts`, and none when that is 0.
-MEMO_MAX_FACTS = 20_000
+#: Facts of small assignments each process keeps (~3.9 kB each with 384-d vectors, their text and metadata),
+#: least recently used out first; never more than `MemoryConfig.scope_cache_facts`, and none when that is 0.
+MEMO_MAX_FACTS = 12_000
 
-# The rows the exact path reads (`candidates.SCOPE_GOVERNING_ROWS`: the same condition), each with its version.
+# The rows the exact path reads (`candidates.SCOPE_GOVERNING_ROWS`: the same condition), each with its version
+# (and, read with the rows, the columns a recall returns: `candidates.SCOPE_FACTS`' metadata and timestamps).
 _SCOPE = sql.SQL("m AS MATERIALIZED ({governing_rows})")
 _VERSION = sql.SQL(", g.xmin::text AS version")
+_VERSION_AND_DETAILS = sql.SQL(", g.xmin::text AS version, g.metadata, g.updated_at")
 # The scope's recall rows (those the scope index of `osa_fact_terms` finds, `ddl.SCOPE_SEQ_INDEX`), each with
 # its version and the columns named in ``columns``. A fact's recall row outside them (its scope columns not
 # the governing row's) is one the kept rows do without: the scope then takes the exact path.
@@ -64,28 +72,47 @@ _RECALL_ROWS = sql.SQL(
     WHERE t.org_id = %(org_id)s AND t.assignment_id = %(assignment_id)s
 )"""
 )
+# The chunks of the scope's facts (the chunk whose id is the fact's, as the writer stores it), each with its
+# version and the columns named in ``columns``: the text a recall returns is kept with the rows, so a chunk
+# rewritten in place changes the print too. Probed by primary key, one fact at a time (a fenced LATERAL, as
+# `candidates.SCOPE_FACTS` reads them): joined freely, the planner may hash the whole chunk table.
+_CHUNKS = sql.SQL(
+    """c AS MATERIALIZED (
+    SELECT c.document_id, c.version{columns} FROM m,
+        LATERAL (SELECT c.id AS document_id, c.xmin::text AS version, c.content, c.meta FROM {schema}.{chunk} c
+                 WHERE c.id = m.document_id OFFSET 0) c
+)"""
+)
 # How many rows ``{rows}`` holds and the sum of a hash of each one's id and version (a write makes a new one).
 _PRINT = sql.SQL(
     "SELECT count(*), coalesce(sum(hashtextextended(x.document_id || '/' || x.version, 0)::numeric), 0) FROM {rows} x"
 )
-# The print alone (the governing rows', then the recall rows'), with the query's terms
+# The print alone (the governing rows', the recall rows', the chunks'), with the query's terms
 # (`recall_rows.QUERY_TERMS`) in the same round trip.
 MEMO_PRINT = sql.SQL(
     """SELECT q.*, p.*
 FROM ({query_terms}) q(lexemes, hashes),
-     (WITH {scope}, {recall_rows} SELECT pm.*, pr.* FROM ({print_m}) pm, ({print_r}) pr) p"""
+     (WITH {scope}, {recall_rows}, {chunks}
+      SELECT pm.*, pr.*, pc.* FROM ({print_m}) pm, ({print_r}) pr, ({print_c}) pc) p"""
 )
-# The print and the rows, from one snapshot, in the exact path's order. ``usable``: the fact's recall row is
-# among the scope's and is the one the exact path would rank (same content hash and language, lexemes packed).
+# The print and the rows, from one snapshot, in the exact path's order, with what a recall returns of each
+# fact (`candidates.SCOPE_FACTS`' columns). ``usable``: the fact's recall row is among the scope's and is the
+# one the exact path would rank (same content hash and language, lexemes packed), and its chunk is its own.
 MEMO_ROWS = sql.SQL(
-    """WITH {scope}, {recall_rows}
-SELECT pm.*, pr.*, m.document_id, m.expires_at, m.seq, vector_send(r.embedding), r.dl::float8, r.terms, m.scored,
+    """WITH {scope}, {recall_rows}, {chunks}
+SELECT pm.*, pr.*, pc.*, m.document_id, m.expires_at, m.seq, vector_send(r.embedding), r.dl::float8, r.terms,
+       m.scored,
        (r.document_id IS NOT NULL AND r.recall_hash = m.content_hash AND r.language = %(language)s::text
-        AND r.terms IS NOT NULL) AS usable
-FROM ({print_m}) pm, ({print_r}) pr LEFT JOIN (m LEFT JOIN r ON r.document_id = m.document_id) ON true
+        AND r.terms IS NOT NULL AND c.meta->>'document_id' IS NOT DISTINCT FROM m.document_id) AS usable,
+       c.content, m.metadata, m.created_at, m.updated_at
+FROM ({print_m}) pm, ({print_r}) pr, ({print_c}) pc
+    LEFT JOIN (m LEFT JOIN r ON r.document_id = m.document_id LEFT JOIN c ON c.document_id = m.document_id) ON true
 ORDER BY m.seq, m.created_at, m.document_id"""
 )
 _RECALL_COLUMNS = sql.SQL(", t.content_hash AS recall_hash, t.language, t.embedding, t.dl, t.terms")
+_CHUNK_COLUMNS = sql.SQL(", c.content, c.meta")
+#: Columns of `MEMO_ROWS` before a fact's own: the print's.
+PRINT_COLUMNS = 6
 
 
 @dataclass(frozen=True)
@@ -99,17 +126,20 @@ class Statements:
     def compose(
         cls, names: dict[str, sql.Identifier], valid_at: sql.Composable, query_terms: sql.Composable
     ) -> Statements:
-        scope = _SCOPE.format(governing_rows=scope_governing_rows(names, valid_at, _VERSION))
-        prints = {"print_m": _PRINT.format(rows=sql.SQL("m")), "print_r": _PRINT.format(rows=sql.SQL("r"))}
+        prints = {name: _PRINT.format(rows=sql.SQL(name[-1])) for name in ("print_m", "print_r", "print_c")}
         return cls(
             print=MEMO_PRINT.format(
-                scope=scope,
+                scope=_SCOPE.format(governing_rows=scope_governing_rows(names, valid_at, _VERSION)),
                 recall_rows=_RECALL_ROWS.format(columns=sql.SQL(""), **names),
+                chunks=_CHUNKS.format(columns=sql.SQL(""), **names),
                 query_terms=query_terms,
                 **prints,
             ),
             rows=MEMO_ROWS.format(
-                scope=scope, recall_rows=_RECALL_ROWS.format(columns=_RECALL_COLUMNS, **names), **prints
+                scope=_SCOPE.format(governing_rows=scope_governing_rows(names, valid_at, _VERSION_AND_DETAILS)),
+                recall_rows=_RECALL_ROWS.format(columns=_RECALL_COLUMNS, **names),
+                chunks=_CHUNKS.format(columns=_CHUNK_COLUMNS, **names),
+                **prints,
             ),
         )
 
@@ -117,26 +147,34 @@ class Statements:
 @dataclass(frozen=True)
 class Print:
     """A scope's print (`MEMO_PRINT`): how many governing rows the exact path would read and their hashes
-    summed, and the same of the scope's recall rows."""
+    summed, and the same of the scope's recall rows and of its facts' chunks."""
 
     facts: int
     facts_total: int
     recall_rows: int
     recall_total: int
+    chunks: int
+    chunks_total: int
 
     @classmethod
     def of(cls, *columns: Any) -> Print:
-        """From the print's four columns."""
-        facts, facts_total, recall_rows, recall_total = columns
-        return cls(int(facts), int(facts_total), int(recall_rows), int(recall_total))
+        """From the print's `PRINT_COLUMNS` columns."""
+        return cls(*(int(c) for c in columns))
+
+
+#: What a recall returns of a fact besides its ranks (`candidates.SCOPE_FACTS`' columns after the id): content,
+#: metadata, created_at, updated_at.
+Detail = tuple[str, dict[str, Any], datetime, datetime]
 
 
 @dataclass(frozen=True)
 class Kept:
-    """A scope's rows as read at ``print``; ``scope`` None when one lacks a usable recall row (exact path)."""
+    """A scope's rows as read at ``print``, and what a recall returns of each fact (``details``, by id);
+    ``scope`` None when one lacks a usable recall row or chunk (exact path)."""
 
     print: Print
     scope: HeldScope | None
+    details: dict[str, Detail] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.scope) if self.scope is not None else 0
@@ -229,13 +267,14 @@ class ScopeMemo:
         return kept
 
     def _kept_of(self, rows: Sequence[tuple[Any, ...]]) -> Kept:
-        printed = Print.of(*rows[0][:4])  # the print's row joins every row (and stands alone if none)
-        facts = [r for r in rows if r[4] is not None]
-        if not all(r[11] for r in facts):
+        at = PRINT_COLUMNS
+        printed = Print.of(*rows[0][:at])  # the print's row joins every row (and stands alone if none)
+        facts = [r for r in rows if r[at] is not None]
+        if not all(r[at + 7] for r in facts):
             return Kept(printed, None)
         scope = HeldScope(self.dimension)
-        scope.append([r[4:11] for r in facts])
-        return Kept(printed, scope)
+        scope.append([r[at : at + 7] for r in facts])
+        return Kept(printed, scope, {r[at]: r[at + 8 : at + 12] for r in facts})
 
     def _keep(self, key: tuple[str, str], kept: Kept) -> None:
         with self._lock:

@@ -166,6 +166,20 @@ PENDING: tuple[Listed, ...] = (
         "recall's text fetch joins the chunk by id",
         fix="store/facts.py SCOPE_FACTS: `AND c.org_id = %(org_id)s` once the chunk table has it",
     ),
+    _listed(
+        "MEMO_PRINT",
+        ("SELECT q.*, p.*", "AS version"),
+        {"chunk"},
+        "a kept scope's print reads its facts' chunks by id (their versions: a text rewritten in place is seen)",
+        fix="store/scope_memo.py _CHUNKS: `AND c.org_id = %(org_id)s` once the chunk table has it",
+    ),
+    _listed(
+        "MEMO_ROWS",
+        ("vector_send(r.embedding)", "AS usable"),
+        {"chunk"},
+        "a small scope's rows are read with their facts' chunks, by id",
+        fix="store/scope_memo.py _CHUNKS: `AND c.org_id = %(org_id)s` once the chunk table has it",
+    ),
     _listed("SELECT_FACT", ("g.specialist_id", "LEFT JOIN"), {"chunk"}, "read joins the chunk", fix=_CHUNK_ORG_FIX),
     _listed(
         "LIST_FACTS", ("ORDER BY g.created_at, g.id LIMIT",), {"chunk"}, "list joins the chunk", fix=_CHUNK_ORG_FIX

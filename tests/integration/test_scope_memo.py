@@ -1,8 +1,9 @@
-"""A small assignment's rows kept in memory (`store/scope_memo.py`) give the exact path's answers, and every
-change the exact path would see is seen by the next recall: a fact stored, forgotten, superseded or approved
-by another process, a fact whose validity begins while nothing is written, a recall row or an expiry rewritten
-by hand. A scope with a fact that has no recall row takes the exact path; scopes are kept apart; and a scope
-written between its recalls stops reading its print (`MAX_SKIPS`)."""
+"""A small assignment's rows kept in memory (`store/scope_memo.py`) give the exact path's answers, text and
+metadata included, and every change the exact path would see is seen by the next recall: a fact stored,
+forgotten, superseded or approved by another process, a fact whose validity begins while nothing is written, a
+recall row, an expiry, a text or a topic rewritten by hand. A scope with a fact that has no recall row or no
+chunk of its own takes the exact path; metadata kept is handed out as a copy; scopes are kept apart; and a
+scope written between its recalls stops reading its print (`MAX_SKIPS`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from psycopg import sql
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
+from haystack_osa_memory.store.ranking import RankingParams
 from haystack_osa_memory.store.scope_memo import ScopeMemo
 from tests.integration.test_scope_cache import FACTS, QUERIES, answer, fact, hybrid_config, new_memory
 
@@ -46,10 +48,17 @@ def memo_of(memory: Memory) -> ScopeMemo:
     return memo
 
 
+def whole_answer(memory: Memory, caller: Caller, query: str) -> list[dict[str, Any]]:
+    """Every field of every fact recalled (the text and metadata a kept scope returns from memory too), scores
+    to 4 places as `answer` has them."""
+    facts = memory.recall(query, limit=8, caller=caller)["facts"]
+    return [{**f, "score": round(f["score"], 4)} for f in facts]
+
+
 def same_answers(kept: Memory, config: MemoryConfig, caller: Caller, queries: list[str] | tuple[str, ...]) -> None:
     exact = exact_memory(config)
     for query in queries:
-        assert answer(kept, caller, query) == answer(exact, caller, query), query
+        assert whole_answer(kept, caller, query) == whole_answer(exact, caller, query), query
 
 
 @pytest.fixture
@@ -165,13 +174,75 @@ def test_recall_rows_and_expiry_rewritten_by_hand_are_seen(
     same_answers(kept, hybrid_config, alice, (query, *QUERIES))
 
 
+def test_text_and_metadata_rewritten_by_hand_are_seen(
+    hybrid_config: MemoryConfig, alice: Caller, stored: list[str]
+) -> None:
+    kept = kept_memory(hybrid_config)
+    query = "billing service port"
+    top = whole_answer(kept, alice, query)[0]
+    assert whole_answer(kept, alice, query)[0] == top  # answered from memory, text and metadata included
+    memo = memo_of(kept)
+    hits, changed = memo.hits, memo.changed
+    assert hits >= 1
+    names = hybrid_config.sql_names()
+    # The chunk's text alone, its governing and recall rows untouched: the trigger that drops the recall row of a
+    # chunk changed by other tools (`ddl.CREATE_TERMS_TRIGGER`) switched off, as a bulk loader may run. Only the
+    # chunks' part of the print sees it; the next recall returns the new text.
+    trigger = sql.SQL("ALTER TABLE {schema}.{chunk} {switch} TRIGGER osa_fact_terms_invalidate")
+    rewrite = sql.SQL("UPDATE {schema}.{chunk} SET content = content || ' (checked)' WHERE id = %(id)s")
+    assert hybrid_config.pg_conn_str is not None
+    with psycopg.connect(hybrid_config.pg_conn_str) as conn:  # one transaction
+        conn.execute(trigger.format(switch=sql.SQL("DISABLE"), **names))
+        assert conn.execute(rewrite.format(**names), {"id": top["document_id"]}).rowcount == 1
+        conn.execute(trigger.format(switch=sql.SQL("ENABLE"), **names))
+    texts = {f["document_id"]: f["content"] for f in whole_answer(kept, alice, query)}
+    assert texts[top["document_id"]] == top["content"] + " (checked)"
+    assert memo.changed == changed + 1
+    # The governing row's metadata alone: the next recall returns the new topic.
+    retopic = sql.SQL(
+        "UPDATE {schema}.{gov} SET metadata = metadata || jsonb_build_object('topic', 'renamed') WHERE id = %(id)s"
+    ).format(**names)
+    assert run_sql(hybrid_config, retopic, {"id": top["document_id"]}) == 1
+    topics = {f["document_id"]: f["topic"] for f in whole_answer(kept, alice, query)}
+    assert topics[top["document_id"]] == "renamed"
+    same_answers(kept, hybrid_config, alice, (query, *QUERIES))
+
+
+def test_metadata_kept_is_handed_out_as_a_copy(hybrid_config: MemoryConfig, alice: Caller, stored: list[str]) -> None:
+    kept = kept_memory(hybrid_config)
+    assert kept.kb is not None
+    repo = kept.kb.facts
+
+    def candidates() -> list[Any]:
+        return repo.scoped_candidates(
+            org_id=alice.org_id,
+            assignment_id=alice.assignment_id,
+            query="billing service port",
+            embedding=None,
+            ranking=RankingParams(k=5),
+        )
+
+    first = candidates()
+    reads, original = memo_of(kept).reads, dict(first[0].metadata)
+    assert original.get("assignment_id") == alice.assignment_id
+    first[0].metadata["assignment_id"] = "changed by a caller"
+    first[0].metadata.setdefault("tags", []).append("x")
+    again = candidates()
+    assert memo_of(kept).hits >= 1  # from memory
+    assert memo_of(kept).reads == reads
+    assert again[0].document_id == first[0].document_id
+    assert again[0].metadata == original
+
+
 @pytest.mark.parametrize(
     "change",
     [
         "DELETE FROM {schema}.osa_fact_terms WHERE document_id = %(id)s",  # as a fact written by other tools
         "UPDATE {schema}.osa_fact_terms SET assignment_id = 'elsewhere' WHERE document_id = %(id)s",
+        "DELETE FROM {schema}.{chunk} WHERE id = %(id)s",  # a fact whose text is gone: never returned
+        "UPDATE {schema}.{chunk} SET meta = meta || jsonb_build_object('document_id', 'x') WHERE id = %(id)s",
     ],
-    ids=["no recall row", "recall row outside the scope"],
+    ids=["no recall row", "recall row outside the scope", "no chunk", "chunk of another fact"],
 )
 def test_a_scope_with_a_fact_without_its_recall_row_takes_the_exact_path(
     hybrid_config: MemoryConfig, alice: Caller, stored: list[str], change: str

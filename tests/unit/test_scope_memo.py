@@ -5,6 +5,7 @@ exact path, and a changed print makes the next recalls skip it, 1, 2, 4, ... up 
 from __future__ import annotations
 
 import struct
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -18,15 +19,19 @@ DIM = 4
 
 def rows_of(facts: int, total: int, *, usable: bool = True) -> list[tuple[Any, ...]]:
     """`MEMO_ROWS`' columns: the print (`printed`), then id, expiry, seq, vector (pgvector's binary form), dl,
-    terms, scored, usable."""
+    terms, scored, usable, content, metadata, created_at, updated_at."""
     vector = struct.pack(">hh4f", DIM, 0, 1.0, 0.0, 0.0, 0.0)
-    head = (facts, Decimal(total), facts, Decimal(total))
-    return [(*head, f"d{i}", None, i + 1, vector, 3.0, b"", True, usable or i > 0) for i in range(facts)]
+    head = (facts, Decimal(total), facts, Decimal(total), facts, Decimal(total))
+    at = datetime(2026, 12, 5, tzinfo=UTC)
+    return [
+        (*head, f"d{i}", None, i + 1, vector, 3.0, b"", True, usable or i > 0, f"fact {i}", {"topic": "t"}, at, at)
+        for i in range(facts)
+    ]
 
 
 def printed(facts: int, total: int) -> Print:
     """The print `rows_of(facts, total)` was read at."""
-    return Print(facts, total, facts, total)
+    return Print(facts, total, facts, total, facts, total)
 
 
 class Rows:
