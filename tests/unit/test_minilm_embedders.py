@@ -88,7 +88,8 @@ def fresh_model(model_path: str, tmp_path: Path) -> Iterator[str]:
     """A second directory of the same model, not loaded yet; its backend is dropped afterwards."""
     path = _copy_model(model_path, tmp_path / "model")
     yield path
-    minilm_embedders._BACKENDS.pop(os.path.realpath(path), None)
+    for key in [k for k in minilm_embedders._BACKENDS if k[0] == os.path.realpath(path)]:
+        del minilm_embedders._BACKENDS[key]
 
 
 class TestSameVectorsAsSentenceTransformers:
@@ -162,11 +163,13 @@ class TestSerialisation:
         text = MiniLMTextEmbedder(model=model_path)
         assert text.to_dict() == {
             "type": "haystack_osa_memory.components.minilm_embedders.MiniLMTextEmbedder",
-            "init_parameters": {"model": model_path, "precision": "float32"},
+            "init_parameters": {"model": model_path, "precision": "float32", "runtime": "torch"},
         }
         assert MiniLMTextEmbedder.from_dict(text.to_dict()).model == model_path
-        int8 = MiniLMTextEmbedder.from_dict(MiniLMTextEmbedder(model=model_path, precision="int8").to_dict())
-        assert int8.precision == "int8"
+        int8 = MiniLMTextEmbedder.from_dict(
+            MiniLMTextEmbedder(model=model_path, precision="int8", runtime="onnx").to_dict()
+        )
+        assert (int8.precision, int8.runtime) == ("int8", "onnx")
         docs = MiniLMDocumentEmbedder(model=model_path, batch_size=4, meta_fields_to_embed=["topic"])
         data = docs.to_dict()
         assert data == {
@@ -177,10 +180,13 @@ class TestSerialisation:
                 "meta_fields_to_embed": ["topic"],
                 "embedding_separator": "\n",
                 "precision": "float32",
+                "runtime": "torch",
             },
         }
         restored = MiniLMDocumentEmbedder.from_dict(data)
         assert (restored.model, restored.batch_size, restored.meta_fields_to_embed) == (model_path, 4, ["topic"])
+        data["init_parameters"]["runtime"] = "onnx"
+        assert MiniLMDocumentEmbedder.from_dict(data).runtime == "onnx"
 
     def test_pipeline_yaml_round_trip(self, model_path: str) -> None:
         pipe = Pipeline()
@@ -305,7 +311,7 @@ class TestThreads:
         together(lambda n: embedders[n].warm_up())
         backends = {id(e._backend) for e in embedders}
         assert len(backends) == 1
-        assert backends == {id(minilm_embedders._BACKENDS[(os.path.realpath(fresh_model), "float32")])}
+        assert backends == {id(minilm_embedders._BACKENDS[(os.path.realpath(fresh_model), "float32", "torch")])}
 
     def test_concurrent_embeddings_equal_serial(self, model_path: str) -> None:
         texts = [f"{t} ({i})" for i, t in enumerate(TEXTS * 3)]
@@ -619,3 +625,107 @@ class TestInt8Documents:
         monkeypatch.undo()
         exact = MiniLMDocumentEmbedder(model=model_path).run(documents=[Document(content=t) for t in FACTS])
         assert np.abs(np.asarray(got) - np.asarray([d.embedding for d in exact["documents"]])).max() <= TOLERANCE
+
+
+class TestOnnxRuntime:
+    """`runtime="onnx"`: the same module exported to ONNX when it loads and run by ONNX Runtime. float32 (and
+    float16, which it runs as float32) gives the sentence-transformers vectors, batched; int8 is one text per
+    pass and closer to float32 than torch's int8; where the export fails, torch runs."""
+
+    def test_float32_vectors_are_the_sentence_transformers_ones(self, model_path: str, expected: np.ndarray) -> None:
+        for precision in ("float32", "float16"):
+            embedder = MiniLMDocumentEmbedder(model=model_path, precision=precision, runtime="onnx", batch_size=4)
+            docs = embedder.run(documents=[Document(content=t) for t in TEXTS])["documents"]
+            got = np.asarray([d.embedding for d in docs])
+            assert np.abs(got - expected).max() <= TOLERANCE, precision
+            backend = minilm_embedders._backend(model_path, precision, "onnx")
+            assert (backend.runtime, backend.precision) == ("onnx", "float32")
+            assert embedder._coalescer is minilm_embedders._coalescer_for(backend, 4)  # batched, as float32
+        query = MiniLMTextEmbedder(model=model_path, runtime="onnx")
+        for text, vector in zip(TEXTS, expected, strict=True):
+            assert np.abs(np.asarray(query.run(text=text)["embedding"]) - vector).max() <= TOLERANCE, text[:30]
+        # One backend (one exported model) for float32 and float16.
+        assert minilm_embedders._backend(model_path, "float16", "onnx") is minilm_embedders._backend(
+            model_path, "float32", "onnx"
+        )
+
+    def test_int8_closer_to_float32_than_torch_int8(self, model_path: str, expected: np.ndarray) -> None:
+        texts = [t for t in TEXTS if t]  # the empty text has no content to compare
+        want = expected[[i for i, t in enumerate(TEXTS) if t]]
+        onnx = MiniLMTextEmbedder(model=model_path, precision="int8", runtime="onnx")
+        torch_int8 = MiniLMTextEmbedder(model=model_path, precision="int8")
+        got = np.asarray([onnx.run(text=t)["embedding"] for t in texts])
+        theirs = np.asarray([torch_int8.run(text=t)["embedding"] for t in texts])
+        assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+        ours, torchs = (got * want).sum(axis=1), (theirs * want).sum(axis=1)
+        assert ours.min() >= 0.95, ours
+        assert np.median(ours) > np.median(torchs)
+        assert np.abs(got - want).max() > 1e-3  # really the quantized model, not float32
+        assert minilm_embedders._backend(model_path, "int8", "onnx").runtime == "onnx"
+
+    def test_int8_documents_depend_only_on_their_text(self, model_path: str) -> None:
+        embedder = MiniLMDocumentEmbedder(model=model_path, precision="int8", runtime="onnx", batch_size=8)
+        alone = [embedder.run(documents=[Document(content=t)])["documents"][0].embedding for t in FACTS]
+        docs = embedder.run(documents=[Document(content=t) for t in [FACTS[2], "x", *FACTS, LONG]])["documents"]
+        got = {d.content: d.embedding for d in docs}
+        assert [got[t] for t in FACTS] == alone  # identical, not merely close
+        query = MiniLMTextEmbedder(model=model_path, precision="int8", runtime="onnx")
+        assert [query.run(text=t)["embedding"] for t in FACTS] == alone
+        batched = minilm_embedders._backend(model_path, "int8", "onnx").embed(FACTS, batch_size=len(FACTS))
+        assert any(b != a for b, a in zip(batched, alone, strict=True))  # the check has teeth
+
+    def test_concurrent_callers_get_the_serial_vectors(self, model_path: str) -> None:
+        query = MiniLMTextEmbedder(model=model_path, precision="int8", runtime="onnx")
+        serial = {t: query.run(text=t)["embedding"] for t in FACTS}
+        results: list[dict[str, Any]] = []
+
+        def work(n: int) -> None:
+            texts = FACTS[n:] + FACTS[:n]
+            results.append({t: query.run(text=t)["embedding"] for t in texts * 3})
+
+        together(work)
+        assert results == [serial] * 4
+
+    def test_torch_runs_where_the_export_fails(
+        self, fresh_model: str, model_path: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        import torch
+
+        def no_export(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("exporter missing")
+
+        monkeypatch.setattr(torch.onnx, "export", no_export)
+        with caplog.at_level(logging.WARNING, logger=minilm_embedders.__name__):
+            got = MiniLMTextEmbedder(model=fresh_model, runtime="onnx").run(text=TEXTS[2])["embedding"]
+        warnings = [r for r in caplog.records if r.name == minilm_embedders.__name__]
+        assert [w.levelno for w in warnings] == [logging.WARNING]
+        assert "runs with torch" in warnings[0].getMessage()
+        backend = minilm_embedders._backend(fresh_model, "float32", "onnx")
+        assert (backend.runtime, backend.traced) == ("torch", True)
+        monkeypatch.undo()
+        exact = MiniLMTextEmbedder(model=model_path).run(text=TEXTS[2])["embedding"]
+        assert np.abs(np.asarray(got) - np.asarray(exact)).max() <= TOLERANCE
+
+    def test_quantizing_leaves_the_log_quiet(self, fresh_model: str, caplog: pytest.LogCaptureFixture) -> None:
+        with caplog.at_level(logging.DEBUG):
+            MiniLMTextEmbedder(model=fresh_model, precision="int8", runtime="onnx").warm_up()
+        assert minilm_embedders._backend(fresh_model, "int8", "onnx").runtime == "onnx"
+        assert [r.getMessage() for r in caplog.records if "onnxruntime" in r.pathname] == []
+
+    @pytest.mark.parametrize("bad", ["onnxruntime", "", None, "TORCH"])
+    def test_bad_runtime_refused(self, model_path: str, bad: Any) -> None:
+        with pytest.raises(ValueError, match="runtime must be one of"):
+            MiniLMTextEmbedder(model=model_path, runtime=bad)
+        with pytest.raises(ValueError, match="runtime must be one of"):
+            MiniLMDocumentEmbedder(model=model_path, runtime=bad)
+
+    def test_the_configuration_chooses_the_runtime(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        document_embedder, text_embedder = build_embedders(MemoryConfig(embedder="minilm"))
+        assert (document_embedder.runtime, text_embedder.runtime) == ("onnx", "onnx")  # the default
+        document_embedder, text_embedder = build_embedders(MemoryConfig(embedder="minilm", embedder_runtime="torch"))
+        assert (document_embedder.runtime, text_embedder.runtime) == ("torch", "torch")
+        monkeypatch.setenv("OSA_MEMORY_EMBEDDER_RUNTIME", "torch")
+        assert MemoryConfig.from_env().embedder_runtime == "torch"
+        monkeypatch.setenv("OSA_MEMORY_EMBEDDER_RUNTIME", "tensorrt")
+        with pytest.raises(ConfigurationError, match=r"EMBEDDER_RUNTIME|embedder_runtime"):
+            MemoryConfig.from_env()

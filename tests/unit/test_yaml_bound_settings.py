@@ -16,7 +16,7 @@ from haystack_osa_memory.yaml_pipelines import PipelineDefinitions, load_pipelin
 from tests.conftest import REPO
 
 CONFIG = MemoryConfig(embedder="minilm", chunk_table="kb_chunks")
-BOUND_KEYS = {"store", "dataset", "status", "admitted_statuses", "enabled_classes", "timeout"}
+BOUND_KEYS = {"store", "dataset", "status", "admitted_statuses", "enabled_classes", "timeout", "runtime"}
 
 
 def shipped() -> PipelineDefinitions:
@@ -144,3 +144,20 @@ def test_a_store_block_naming_another_connection_is_refused_without_echoing_it()
 def test_an_unknown_store_parameter_is_refused() -> None:
     with pytest.raises(ConfigurationError, match=r"pool_size is not a MemoryStore parameter; allowed: \["):
         load(edited("store", _store_block("write", "pool_size", 99)))
+
+
+def test_the_embedders_runtime_is_the_server_setting() -> None:
+    """Store and recall (its embedder wrapped in `GuardedTextEmbedder`) run the runtime the server names; a YAML
+    stating another is refused, naming the setting."""
+    for runtime in ("onnx", "torch"):
+        config = CONFIG.model_copy(update={"embedder_runtime": runtime})
+        assert load(shipped().store, config).get_component("embed").runtime == runtime
+        assert load(shipped().recall, config).get_component("embed").embedder.runtime == runtime
+
+    def torch_in_recall(components: dict[str, Any]) -> None:
+        components["embed"]["init_parameters"]["embedder"]["init_parameters"]["runtime"] = "torch"
+
+    with pytest.raises(ConfigurationError, match="OSA_MEMORY_EMBEDDER_RUNTIME") as refused:
+        load(edited("recall", torch_in_recall))
+    assert "components.embed.init_parameters.embedder.init_parameters.runtime" in str(refused.value)
+    assert load(edited("recall", torch_in_recall), CONFIG.model_copy(update={"embedder_runtime": "torch"}))
