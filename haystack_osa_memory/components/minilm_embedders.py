@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from haystack import Document, component, default_from_dict, default_to_dict
 
-from haystack_osa_memory.components.onnx_runtime import OnnxModel
+from haystack_osa_memory.components.onnx_runtime import OnnxModel, export_files, exported
 from haystack_osa_memory.errors import ConfigurationError
 from haystack_osa_memory.instruments import observe_document_batch
 
@@ -174,6 +174,26 @@ def _pooled_module(encoder: Any) -> torch.nn.Module:
     return MeanPooledNormalized(encoder).eval()
 
 
+def _load_eager(spec: _ModelSpec) -> torch.nn.Module:
+    """The model's encoder in float32, pooled and normalised (`_pooled_module`), not traced."""
+    from transformers import AutoModel
+
+    encoder = AutoModel.from_pretrained(str(spec.transformer_dir), local_files_only=True).float().eval()
+    return _pooled_module(encoder)
+
+
+def export_model(model_dir: Path, out: Path) -> None:
+    """Export the model of ``model_dir`` for ONNX Runtime into ``out`` (`onnx_runtime.export_files`, in the child
+    process `onnx_runtime.exported` starts), with the check texts' tokens and float32 vectors."""
+    spec = _read_model_spec(model_dir)
+    with _quiet_transformers():
+        tokens = object.__new__(_MiniLMBackend)
+        tokens._init_tokenizer(spec)
+        eager = _load_eager(spec)
+    ids, mask, types = tokens._padded_lists([tokens._tokenizer.encode(t) for t in _TRACE_CHECK])
+    export_files(eager, {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}, out)
+
+
 class _MiniLMBackend:
     """Tokenizer and (traced) model of one model directory, shared by every embedder of the process.
 
@@ -184,40 +204,17 @@ class _MiniLMBackend:
     def __init__(self, model_dir: Path, precision: Precision = "float32", runtime: Runtime = "torch") -> None:
         spec = _read_model_spec(model_dir)
         import torch
-        from tokenizers import Tokenizer
-        from transformers import AutoModel, AutoTokenizer
 
         self._torch = torch
-        hf_tokenizer = AutoTokenizer.from_pretrained(str(spec.transformer_dir), local_files_only=True)
-        backend_tokenizer = getattr(hf_tokenizer, "backend_tokenizer", None)
-        if backend_tokenizer is None:
-            msg = f"{spec.transformer_dir} has no fast tokenizer (tokenizer.json); the MiniLM embedders need one"
-            raise ConfigurationError(msg)
-        encoder = AutoModel.from_pretrained(str(spec.transformer_dir), local_files_only=True).float().eval()
-        # As sentence-transformers: max_seq_length (else the tokenizer's limit), capped by the position embeddings.
-        limits = [spec.max_seq_length or int(hf_tokenizer.model_max_length)]
-        positions = getattr(encoder.config, "max_position_embeddings", None)
-        if isinstance(positions, int) and positions > 0:
-            limits.append(positions)
-        self.max_seq_length = min(limits)
-        # A private copy, configured once and then only read: safe to use from several threads.
-        tokenizer: Tokenizer = Tokenizer.from_str(backend_tokenizer.to_str())
-        tokenizer.no_padding()
-        tokenizer.enable_truncation(
-            max_length=self.max_seq_length, strategy="longest_first", direction=hf_tokenizer.truncation_side
-        )
-        self._tokenizer = tokenizer
-        self._pad_id = int(hf_tokenizer.pad_token_id or 0)
-        self._pad_type_id = int(getattr(hf_tokenizer, "pad_token_type_id", 0) or 0)
-        self.dimension = int(encoder.config.hidden_size)
-        eager = _pooled_module(encoder)
+        self._init_tokenizer(spec)
         self.precision: Precision = "float32"
         self.runtime: Runtime = "torch"
         self._onnx: OnnxModel | None = None
         self.traced = False
         if runtime == "onnx":
             try:
-                self._onnx = self._exported(eager, precision)
+                directory = exported(model_dir)
+                self._onnx = OnnxModel.load(directory, quantized=precision == "int8", threads=torch.get_num_threads())
                 self.runtime = "onnx"
                 # ONNX Runtime has no CPU kernels for float16 weights with float32 arithmetic: float16 runs the
                 # float32 graph (the same vector within ~1e-4, and less CPU than torch's float16).
@@ -225,6 +222,7 @@ class _MiniLMBackend:
                 return
             except Exception as e:
                 logger.warning("ONNX Runtime cannot run %s (%s); the model runs with torch", model_dir, e)
+        eager = _load_eager(spec)
         if precision != "float32":
             try:
                 eager = self._quantized(eager, precision)
@@ -239,6 +237,34 @@ class _MiniLMBackend:
             self.traced = True
         except Exception as e:
             logger.info("TorchScript tracing of %s is not available (%s); the model runs eagerly", model_dir, e)
+
+    def _init_tokenizer(self, spec: _ModelSpec) -> None:
+        """The tokenizer, its padding ids and length limit, and the vectors' dimension (from the model's config)."""
+        from tokenizers import Tokenizer
+        from transformers import AutoConfig, AutoTokenizer
+
+        hf_tokenizer = AutoTokenizer.from_pretrained(str(spec.transformer_dir), local_files_only=True)
+        backend_tokenizer = getattr(hf_tokenizer, "backend_tokenizer", None)
+        if backend_tokenizer is None:
+            msg = f"{spec.transformer_dir} has no fast tokenizer (tokenizer.json); the MiniLM embedders need one"
+            raise ConfigurationError(msg)
+        config = AutoConfig.from_pretrained(str(spec.transformer_dir), local_files_only=True)
+        # As sentence-transformers: max_seq_length (else the tokenizer's limit), capped by the position embeddings.
+        limits = [spec.max_seq_length or int(hf_tokenizer.model_max_length)]
+        positions = getattr(config, "max_position_embeddings", None)
+        if isinstance(positions, int) and positions > 0:
+            limits.append(positions)
+        self.max_seq_length = min(limits)
+        # A private copy, configured once and then only read: safe to use from several threads.
+        tokenizer: Tokenizer = Tokenizer.from_str(backend_tokenizer.to_str())
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(
+            max_length=self.max_seq_length, strategy="longest_first", direction=hf_tokenizer.truncation_side
+        )
+        self._tokenizer = tokenizer
+        self._pad_id = int(hf_tokenizer.pad_token_id or 0)
+        self._pad_type_id = int(getattr(hf_tokenizer, "pad_token_type_id", 0) or 0)
+        self.dimension = int(config.hidden_size)
 
     def _tensors(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self._padded([self._tokenizer.encode(text) for text in texts])
@@ -262,27 +288,6 @@ class _MiniLMBackend:
             self._torch.tensor(mask, dtype=long),
             self._torch.tensor(types, dtype=long),
         )
-
-    def _exported(self, eager: torch.nn.Module, precision: Precision) -> OnnxModel:
-        """The module run by ONNX Runtime (`onnx_runtime.OnnxModel`), checked against the eager one on the check
-        texts: float32 within the tracing tolerance, int8 within its minimum cosine."""
-        torch = self._torch
-        model = OnnxModel.export(eager, self._tensors(_TRACE_EXAMPLE), quantized=precision == "int8")
-        check = self._tensors(_TRACE_CHECK)
-        with torch.inference_mode():
-            want = eager(*check).numpy()
-        got = model.run(*(t.numpy() for t in check))
-        if precision == "int8":
-            cosine = float((got * want).sum(1).min())
-            if not cosine >= _MIN_COSINE["int8"]:
-                msg = f"its int8 vectors have a cosine of only {cosine:.5f} with the float32 ones"
-                raise RuntimeError(msg)
-        else:
-            difference = float(abs(got - want).max())
-            if not difference <= _TRACE_TOLERANCE:
-                msg = f"its vectors differ from torch's by {difference:.2e}"
-                raise RuntimeError(msg)
-        return model
 
     def _quantized(self, eager: torch.nn.Module, precision: Precision) -> Any:
         """The module with quantized linear layers, checked against the float32 one: `int8` (int8 weights with

@@ -1,12 +1,19 @@
 """The MiniLM embedders' forward pass in ONNX Runtime (`MiniLMTextEmbedder(runtime="onnx")`).
 
-The torch module the embedders build (encoder, mean pooling, L2 normalisation) is exported to ONNX in memory
-when the model is loaded, and run by an ONNX Runtime session: no model file is downloaded or written beside the
-model. In float32 its vectors are torch's within float rounding; in int8 the export is quantized dynamically
-(int8 weights with one scale per output channel, activations quantized per forward pass, like torch's int8), and
-its vectors are closer to the float32 ones than torch's int8 (median cosine ~0.995 against ~0.98), at about 0.7
-of torch's int8 CPU per query and 0.8 of torch's float16 per stored fact on a CPU thread (benchmarks/README.md,
+The torch module the embedders build (encoder, mean pooling, L2 normalisation) is exported to ONNX, float32 and
+quantized to int8 (int8 weights with one scale per output channel, activations quantized per forward pass, like
+torch's int8), and run by an ONNX Runtime session. In float32 the vectors are torch's within float rounding; in
+int8 they are closer to the float32 ones than torch's int8 (median cosine ~0.995 against ~0.98), at about 0.7 of
+torch's int8 CPU per query and 0.8 of torch's float16 per stored fact on a CPU thread (benchmarks/README.md,
 "ONNX Runtime").
+
+**Exported once per model, in a child process** (`exported`): a process that exports in itself keeps ~270 MB
+of the torch model's and the export's freed memory (glibc does not hand it back), which every forked `serve`
+worker would then carry. The child writes both files and the float32 vectors of a few check texts into a cache
+directory (`cache_root`: ``$XDG_CACHE_HOME/osa-memory/onnx``, else ``~/.cache/osa-memory/onnx``, private to
+the user), keyed by the model directory, its files' sizes and times, and the versions of torch, transformers,
+onnxruntime and this export; later processes only load the files (a fraction of a second). A session is checked
+against the stored vectors when it loads (`OnnxModel.check`), so a damaged file is refused (and torch runs).
 
 The session runs its operators one after the other on as many threads as torch uses in the process
 (`torch.get_num_threads()`: one under `osa-memory serve`), without spinning between passes, and is safe to
@@ -18,11 +25,20 @@ onnxruntime and onnx (for the quantization) come with the `embeddings` extra.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
+import json
 import logging
+import os
+import shutil
+import subprocess
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,11 +50,23 @@ if TYPE_CHECKING:
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 OPSET = 17
+#: Part of the cache key: bump it when what `export_files` writes changes.
+EXPORT_VERSION = 1
+FLOAT32_FILE, INT8_FILE, CHECK_FILE = "model.onnx", "model.int8.onnx", "check.json"
+#: Seconds the child process may take to export (loading torch and the model, exporting, quantizing: ~6 s).
+EXPORT_TIMEOUT_S = 600.0
+#: A float32 session's vectors must equal the exported module's within this; an int8 one's keep this cosine.
+FLOAT32_TOLERANCE = 1e-5
+INT8_MIN_COSINE = 0.9
+
+
+class ExportError(RuntimeError):
+    """The model could not be exported or loaded for ONNX Runtime (the embedders then run torch)."""
 
 
 class _QuantizerNoise(logging.Filter):
-    """ONNX Runtime's quantizer logs on the root logger at every load: advice to pre-process models quantized once
-    and shipped, and a line per tensor it leaves in float. Noise in a server's log."""
+    """ONNX Runtime's quantizer logs on the root logger at every run: advice to pre-process models, and a line per
+    tensor it leaves in float. Noise in a log."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return f"{Path('onnxruntime') / 'quantization'}" not in record.pathname
@@ -55,61 +83,155 @@ def _quiet_quantizer() -> Iterator[None]:
         root.removeFilter(noise)
 
 
+def cache_root() -> Path:
+    """``$XDG_CACHE_HOME/osa-memory/onnx``, else ``~/.cache/osa-memory/onnx``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "osa-memory" / "onnx"
+
+
+def _version(distribution: str) -> str:
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "-"
+
+
+def cache_key(model_dir: Path) -> str:
+    """What the exported files depend on: the model's files (name, size, time) and the exporting versions."""
+    files = sorted(
+        (str(p.relative_to(model_dir)), p.stat().st_size, p.stat().st_mtime_ns)
+        for p in model_dir.rglob("*")
+        if p.is_file()
+    )
+    versions = {d: _version(d) for d in ("torch", "transformers", "onnxruntime", "onnx")}
+    data = {"model": str(model_dir), "files": files, "versions": versions, "export": EXPORT_VERSION, "opset": OPSET}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def exported(model_dir: Path) -> Path:
+    """The directory holding ``model_dir``'s exported files (`FLOAT32_FILE`, `INT8_FILE`, `CHECK_FILE`),
+    exporting them in a child process first when the cache has none.
+
+    :raises ExportError: the child failed or timed out (its last lines of error output are in the message).
+    """
+    model_dir = model_dir.resolve()
+    root = cache_root()
+    target = root / cache_key(model_dir)
+    if (target / CHECK_FILE).is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(root / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one export at a time; the others then find its files
+        if (target / CHECK_FILE).is_file():
+            return target
+        work = Path(tempfile.mkdtemp(prefix=".export-", dir=root))
+        try:
+            command = [sys.executable, "-m", __name__, str(model_dir), str(work)]
+            try:
+                done = subprocess.run(command, capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S, check=False)
+            except subprocess.TimeoutExpired as e:
+                msg = f"the export did not finish within {EXPORT_TIMEOUT_S:.0f} s"
+                raise ExportError(msg) from e
+            if done.returncode != 0 or not (work / CHECK_FILE).is_file():
+                tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+                msg = f"the export failed (exit {done.returncode}): {tail}"
+                raise ExportError(msg)
+            work.rename(target)  # whole, or not at all
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def export_files(module: torch.nn.Module, tokenized: dict[str, Any], out: Path) -> None:
+    """Write ``module`` as `FLOAT32_FILE` and `INT8_FILE` into ``out``, with `CHECK_FILE`: the check batch
+    (``tokenized``: the three inputs as lists, padded) and the module's own float32 vectors of it."""
+    import torch
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    example = tuple(torch.tensor(tokenized[name], dtype=torch.long) for name in INPUTS)
+    with warnings.catch_warnings(), torch.no_grad():
+        # The TorchScript-based exporter's deprecation and tracer warnings; the files are checked when they load.
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module,
+            example,
+            str(out / FLOAT32_FILE),
+            input_names=list(INPUTS),
+            output_names=["embedding"],
+            dynamic_axes={**{name: {0: "texts", 1: "tokens"} for name in INPUTS}, "embedding": {0: "texts"}},
+            opset_version=OPSET,
+            dynamo=False,
+        )
+        vectors = module(*example).tolist()
+    with _quiet_quantizer():
+        quantize_dynamic(out / FLOAT32_FILE, out / INT8_FILE, weight_type=QuantType.QInt8, per_channel=True)
+    (out / CHECK_FILE).write_text(json.dumps({**tokenized, "vectors": vectors}), encoding="utf-8")
+
+
 class OnnxModel:
     """An ONNX Runtime session of a module taking ``input_ids``, ``attention_mask`` and ``token_type_ids`` and
     returning one vector per text.
 
     Usage:
     ```python
-    model = OnnxModel.export(pooled_module, example_tensors, quantized=True)
+    model = OnnxModel.load(exported(model_dir), quantized=True)
     vectors = model.run(ids, mask, types)  # lists of token ids (or int64 arrays) -> float32 array (texts, dim)
     ```
     """
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, quantized: bool) -> None:
         self._session = session
         self._output = session.get_outputs()[0].name
+        self.quantized = quantized
 
     @classmethod
-    def export(cls, module: torch.nn.Module, example: Sequence[torch.Tensor], *, quantized: bool) -> OnnxModel:
-        """``module`` exported with dynamic batch and token axes (``example``: one batch of its three inputs),
-        int8-quantized when ``quantized``, in a session of `threads` threads."""
+    def load(cls, directory: Path, *, quantized: bool, threads: int = 1) -> OnnxModel:
+        """The session of `INT8_FILE` (``quantized``) or `FLOAT32_FILE` in ``directory`` on ``threads`` threads,
+        checked (`check`).
+
+        :raises ExportError: the file does not load, or its vectors are not the exported module's.
+        """
         import onnxruntime as ort
-        import torch
 
-        with tempfile.TemporaryDirectory(prefix="osa-memory-onnx-") as tmp:
-            exported = Path(tmp) / "model.onnx"
-            with warnings.catch_warnings(), torch.no_grad():
-                # The TorchScript-based exporter's deprecation and tracer warnings; the result is checked against
-                # the eager module by the caller.
-                warnings.simplefilter("ignore")
-                torch.onnx.export(
-                    module,
-                    tuple(example),
-                    str(exported),
-                    input_names=list(INPUTS),
-                    output_names=["embedding"],
-                    dynamic_axes={**{name: {0: "texts", 1: "tokens"} for name in INPUTS}, "embedding": {0: "texts"}},
-                    opset_version=OPSET,
-                    dynamo=False,
-                )
-            if quantized:
-                from onnxruntime.quantization import QuantType, quantize_dynamic
-
-                int8 = Path(tmp) / "model.int8.onnx"
-                with _quiet_quantizer():
-                    quantize_dynamic(exported, int8, weight_type=QuantType.QInt8, per_channel=True)
-                exported = int8
-            model = exported.read_bytes()
         options = ort.SessionOptions()
-        options.intra_op_num_threads = max(1, torch.get_num_threads())
+        options.intra_op_num_threads = max(1, threads)
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         # Threads that spin between passes burn a CPU a server's other calls need.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3  # errors only
-        return cls(ort.InferenceSession(model, options, providers=["CPUExecutionProvider"]))
+        path = directory / (INT8_FILE if quantized else FLOAT32_FILE)
+        try:
+            session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except Exception as e:
+            msg = f"{path.name} does not load: {type(e).__name__}: {str(e)[:200]}"
+            raise ExportError(msg) from e
+        model = cls(session, quantized)
+        model.check(json.loads((directory / CHECK_FILE).read_text(encoding="utf-8")))
+        return model
+
+    def check(self, stored: dict[str, Any]) -> None:
+        """The session's vectors of the stored check batch against the module's own (`CHECK_FILE`): float32 within
+        `FLOAT32_TOLERANCE`, int8 with a cosine of at least `INT8_MIN_COSINE`.
+
+        :raises ExportError: they are not.
+        """
+        want = np.asarray(stored["vectors"], dtype=np.float32)
+        got = self.run(*(stored[name] for name in INPUTS))
+        if got.shape != want.shape:
+            msg = f"its vectors have the shape {got.shape}, the exported module's {want.shape}"
+            raise ExportError(msg)
+        if self.quantized:
+            cosine = float((got * want).sum(1).min())
+            if not cosine >= INT8_MIN_COSINE:
+                msg = f"its int8 vectors have a cosine of only {cosine:.5f} with the float32 ones"
+                raise ExportError(msg)
+        else:
+            difference = float(np.abs(got - want).max())
+            if not difference <= FLOAT32_TOLERANCE:
+                msg = f"its vectors differ from the exported module's by {difference:.2e}"
+                raise ExportError(msg)
 
     def run(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> npt.NDArray[np.float32]:
         """The vectors of one padded batch (lists of token ids, or int64 arrays), one row per text."""
@@ -119,3 +241,17 @@ class OnnxModel:
         }
         out: npt.NDArray[np.float32] = self._session.run([self._output], feeds)[0]
         return out
+
+
+def _main(argv: Sequence[str]) -> int:
+    """The child process of `exported`: ``model_dir out_dir``."""
+    from haystack_osa_memory.components.minilm_embedders import export_model
+
+    model_dir, out = (Path(a) for a in argv)
+    with contextlib.redirect_stdout(sys.stderr):
+        export_model(model_dir, out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))

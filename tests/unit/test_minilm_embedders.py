@@ -24,7 +24,7 @@ from haystack_osa_memory import (
     build_recall_pipeline,
     build_store_pipeline,
 )
-from haystack_osa_memory.components import minilm_embedders
+from haystack_osa_memory.components import minilm_embedders, onnx_runtime
 from haystack_osa_memory.embedders import MINILM_DIMENSION, build_embedders
 
 pytestmark = pytest.mark.embeddings
@@ -689,12 +689,9 @@ class TestOnnxRuntime:
     def test_torch_runs_where_the_export_fails(
         self, fresh_model: str, model_path: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
     ) -> None:
-        import torch
-
-        def no_export(*args: Any, **kwargs: Any) -> Any:
-            raise RuntimeError("exporter missing")
-
-        monkeypatch.setattr(torch.onnx, "export", no_export)
+        """The export's child process fails (here: an interpreter that cannot start): a warning, and torch."""
+        monkeypatch.setenv("XDG_CACHE_HOME", str(Path(fresh_model).parent / "cache"))
+        monkeypatch.setattr(onnx_runtime.sys, "executable", "/nonexistent/python")
         with caplog.at_level(logging.WARNING, logger=minilm_embedders.__name__):
             got = MiniLMTextEmbedder(model=fresh_model, runtime="onnx").run(text=TEXTS[2])["embedding"]
         warnings = [r for r in caplog.records if r.name == minilm_embedders.__name__]
@@ -702,9 +699,38 @@ class TestOnnxRuntime:
         assert "runs with torch" in warnings[0].getMessage()
         backend = minilm_embedders._backend(fresh_model, "float32", "onnx")
         assert (backend.runtime, backend.traced) == ("torch", True)
+        assert not list((Path(fresh_model).parent / "cache" / "osa-memory" / "onnx").glob("*/model.onnx"))
         monkeypatch.undo()
         exact = MiniLMTextEmbedder(model=model_path).run(text=TEXTS[2])["embedding"]
         assert np.abs(np.asarray(got) - np.asarray(exact)).max() <= TOLERANCE
+
+    def test_exported_once_then_loaded_and_a_damaged_file_refused(
+        self, fresh_model: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        monkeypatch.setenv("XDG_CACHE_HOME", str(Path(fresh_model).parent / "cache"))
+        children: list[list[str]] = []
+        run = onnx_runtime.subprocess.run
+
+        def counted(command: list[str], **kwargs: Any) -> Any:
+            children.append(command)
+            return run(command, **kwargs)
+
+        monkeypatch.setattr(onnx_runtime.subprocess, "run", counted)
+        first = minilm_embedders._backend(fresh_model, "int8", "onnx")
+        second = minilm_embedders._MiniLMBackend(Path(fresh_model), "int8", "onnx")  # another process's load
+        assert (first.runtime, second.runtime, len(children)) == ("onnx", "onnx", 1)
+        assert first.embed(FACTS, 1) == second.embed(FACTS, 1)
+        directory = onnx_runtime.exported(Path(fresh_model))
+        assert (directory.parent.stat().st_mode & 0o777) == 0o700  # private to the user
+        # A damaged file: refused when it loads (its vectors are not the exported module's), and torch runs.
+        data = bytearray((directory / onnx_runtime.FLOAT32_FILE).read_bytes())
+        for at in range(len(data) // 2, len(data) - 4096, 1 << 20):  # past the token embeddings: every layer
+            data[at : at + 4096] = bytes(4096)
+        (directory / onnx_runtime.FLOAT32_FILE).write_bytes(bytes(data))
+        with caplog.at_level(logging.WARNING, logger=minilm_embedders.__name__):
+            damaged = minilm_embedders._MiniLMBackend(Path(fresh_model), "float32", "onnx")
+        assert damaged.runtime == "torch"
+        assert any("differ from the exported module" in r.getMessage() for r in caplog.records)
 
     def test_quantizing_leaves_the_log_quiet(self, fresh_model: str, caplog: pytest.LogCaptureFixture) -> None:
         with caplog.at_level(logging.DEBUG):
