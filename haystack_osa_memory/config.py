@@ -167,8 +167,9 @@ class MemoryConfig(BaseModel):
         "onnx",
         env="OSA_MEMORY_EMBEDDER_RUNTIME",
         doc="What runs the MiniLM model's forward pass: `onnx` (ONNX Runtime; the model is exported from torch when "
-        "it loads, a few seconds once per process: int8 queries at about 0.7 of torch's CPU and closer to float32, "
-        "stored facts as float32 vectors at about 0.8 of torch's float16 CPU) or `torch` (TorchScript). Bound "
+        "it loads, once per model and version, in a child process, and cached under `$XDG_CACHE_HOME/osa-memory`: "
+        "int8 queries at about 0.75 of torch's CPU and closer to float32, stored facts as float32 vectors for the "
+        "CPU of torch's float16, and ~300 MB less memory per `serve`) or `torch` (TorchScript). Bound "
         'into the served YAML\'s MiniLM embedders (their `runtime`). See `benchmarks/README.md`, "ONNX Runtime".',
     )
     dataset: str = setting(

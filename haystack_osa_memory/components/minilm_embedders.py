@@ -20,7 +20,14 @@ int8 document vector would depend on the other texts; alone, a fact's vector dep
 text (and equals the int8 query vector of the same text). Where the quantized kernels are missing
 the embedder logs a warning and runs in float32.
 
-torch, transformers and tokenizers (the `embeddings` extra) are imported only when a model is loaded.
+`runtime="onnx"` (`OSA_MEMORY_EMBEDDER_RUNTIME`, the product's default) runs the same module, exported once
+per model in a child process and cached, in ONNX Runtime (`onnx_runtime`): int8 closer to float32 and
+cheaper than torch's, float32 for `float16` (ONNX Runtime has no CPU kernels for float16 weights with float32
+arithmetic), cheaper than torch's float16; where the export or its check fails, torch runs. The components'
+own default stays `torch`.
+
+torch, transformers, tokenizers and onnxruntime (the `embeddings` extra) are imported only when a model is
+loaded.
 """
 
 from __future__ import annotations

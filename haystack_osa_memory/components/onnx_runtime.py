@@ -3,9 +3,9 @@
 The torch module the embedders build (encoder, mean pooling, L2 normalisation) is exported to ONNX, float32 and
 quantized to int8 (int8 weights with one scale per output channel, activations quantized per forward pass, like
 torch's int8), and run by an ONNX Runtime session. In float32 the vectors are torch's within float rounding; in
-int8 they are closer to the float32 ones than torch's int8 (median cosine ~0.995 against ~0.98), at about 0.7 of
-torch's int8 CPU per query and 0.8 of torch's float16 per stored fact on a CPU thread (benchmarks/README.md,
-"ONNX Runtime").
+int8 they are closer to the float32 ones than torch's int8 (median cosine ~0.995 against ~0.98), at about 0.75 of
+torch's int8 CPU per query; a stored fact in float32 costs what torch's float16 does, on a CPU thread
+(benchmarks/README.md, "ONNX Runtime").
 
 **Exported once per model, in a child process** (`exported`): a process that exports in itself keeps ~270 MB
 of the torch model's and the export's freed memory (glibc does not hand it back), which every forked `serve`

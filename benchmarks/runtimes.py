@@ -1,0 +1,176 @@
+"""The MiniLM embedders on ONNX Runtime against torch, in one process, rounds alternating.
+
+The product's pair in each runtime: queries in int8 (`MiniLMTextEmbedder`, one text per call, as a recall
+embeds), stored facts in `MemoryConfig().document_precision` (float16: torch's float16 weights, ONNX Runtime's
+float32 graph; `MiniLMDocumentEmbedder.run` on one fact per call, as a store embeds). Every runtime on one
+intra-op thread (as `osa-memory serve` runs them). Rounds alternate the runtimes (torch then ONNX Runtime, then
+the other way), each round embedding every query and every fact once; it prints the median CPU milliseconds per
+query and per fact of each runtime, their ratio, and each runtime's cosines with torch's float32 vectors of the
+same texts (the sentence-transformers vectors).
+
+Texts: LoCoMo questions and turns from ``--data`` (read at run time, never copied), else `load.py`'s
+synthetic questions and facts.
+
+    python benchmarks/runtimes.py [--data ../shared/data/locomo/locomo_dev.json] [--queries 300 --facts 200]
+        [--rounds 4] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
+
+from benchmarks.harness import machine_info
+from benchmarks.workload import fact_text, query_text
+
+RUNTIMES = ("torch", "onnx")
+
+
+def texts(data: Path | None, queries: int, facts: int) -> tuple[list[str], list[str]]:
+    """``queries`` questions and ``facts`` turns, spread over the data (or synthetic ones)."""
+    rnd = random.Random(11)
+    if data is None:
+        return [query_text(n % 16, rnd) for n in range(queries)], [fact_text(n % 16, n, rnd) for n in range(facts)]
+    from benchmarks.locomo_data import load_locomo
+
+    conversations = load_locomo(data)
+    questions = [q.question for c in conversations for q in c.questions]
+    turns = [f"({t.date}) {t.speaker}: {t.text}" for c in conversations for t in c.turns]
+
+    def spread(items: Sequence[str], n: int) -> list[str]:
+        step = max(len(items) / max(n, 1), 1.0)
+        return [items[int(i * step) % len(items)] for i in range(n)]
+
+    return spread(questions, queries), spread(turns, facts)
+
+
+def cpu_ms(call: Callable[[str], object], items: Sequence[str]) -> float:
+    started = time.process_time()
+    for item in items:
+        call(item)
+    return (time.process_time() - started) / len(items) * 1000
+
+
+def cosines(vectors: Sequence[Sequence[float]], reference: Sequence[Sequence[float]]) -> dict[str, float]:
+    import numpy as np
+
+    got, want = np.asarray(vectors), np.asarray(reference)
+    cos = (got * want).sum(axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+    return {"min": float(cos.min()), "median": float(np.median(cos))}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+    from haystack import Document
+
+    from haystack_osa_memory import MemoryConfig
+    from haystack_osa_memory.components.minilm_embedders import (
+        BUNDLED_MODEL,
+        MiniLMDocumentEmbedder,
+        MiniLMTextEmbedder,
+    )
+
+    questions, turns = texts(args.data, args.queries, args.facts)
+    config = MemoryConfig()
+    document_precision = config.document_precision
+    query = {r: MiniLMTextEmbedder(model=BUNDLED_MODEL, precision=config.query_precision, runtime=r) for r in RUNTIMES}
+    store = {r: MiniLMDocumentEmbedder(model=BUNDLED_MODEL, precision=document_precision, runtime=r) for r in RUNTIMES}
+    reference_query = MiniLMTextEmbedder(model=BUNDLED_MODEL)
+    reference_store = MiniLMDocumentEmbedder(model=BUNDLED_MODEL)
+    loaded: dict[str, Any] = {}
+    for r in RUNTIMES:
+        for kind, embedder in (("query", query[r]), ("fact", store[r])):
+            embedder.warm_up()
+            assert embedder._backend is not None
+            loaded[f"{r} {kind}"] = {"runtime": embedder._backend.runtime, "precision": embedder._backend.precision}
+    reference_query.warm_up()
+    reference_store.warm_up()
+
+    def embed_query(r: str) -> Callable[[str], object]:
+        return lambda text: query[r].run(text=text)
+
+    def embed_fact(r: str) -> Callable[[str], object]:
+        return lambda text: store[r].run(documents=[Document(content=text)])
+
+    for r in RUNTIMES:  # warm-up: first passes allocate
+        cpu_ms(embed_query(r), questions[:10])
+        cpu_ms(embed_fact(r), turns[:10])
+    samples: dict[str, dict[str, list[float]]] = {kind: {r: [] for r in RUNTIMES} for kind in ("query", "fact")}
+    for n in range(args.rounds):
+        for r in RUNTIMES if n % 2 == 0 else tuple(reversed(RUNTIMES)):
+            samples["query"][r].append(cpu_ms(embed_query(r), questions))
+            samples["fact"][r].append(cpu_ms(embed_fact(r), turns))
+    want_q = [reference_query.run(text=t)["embedding"] for t in questions]
+    want_f = [d.embedding for d in reference_store.run(documents=[Document(content=t) for t in turns])["documents"]]
+    result: dict[str, Any] = {
+        "machine": machine_info(),
+        "texts": "locomo" if args.data else "synthetic",
+        "queries": len(questions),
+        "facts": len(turns),
+        "rounds": args.rounds,
+        "loaded": loaded,
+    }
+    for kind, items, want in (("query", questions, want_q), ("fact", turns, want_f)):
+        per: dict[str, Any] = {}
+        for r in RUNTIMES:
+            if kind == "query":
+                got = [query[r].run(text=t)["embedding"] for t in items]
+            else:
+                got = [store[r].run(documents=[Document(content=t)])["documents"][0].embedding for t in items]
+            per[r] = {
+                "cpu_ms": statistics.median(samples[kind][r]),
+                "rounds_ms": samples[kind][r],
+                "cosine_to_float32": cosines(got, want),
+            }
+        per["ratio"] = per["onnx"]["cpu_ms"] / per["torch"]["cpu_ms"]
+        result[kind] = per
+    return result
+
+
+def report(result: dict[str, Any]) -> None:
+    m = result["machine"]
+    machine = f"{m.get('cpu_model')} ({m.get('cores')} cores)"
+    print(f"{machine}; {result['texts']} texts, {result['rounds']} rounds alternating")
+    for name, how in result["loaded"].items():
+        print(f"  {name}: {how['runtime']} {how['precision']}")
+    print(f"{'':8s} {'torch CPU ms':>13s} {'onnx CPU ms':>12s} {'ratio':>7s}   cosine to float32 (min / median)")
+    for kind in ("query", "fact"):
+        k = result[kind]
+        cos = "   ".join(
+            f"{r} {k[r]['cosine_to_float32']['min']:.4f} / {k[r]['cosine_to_float32']['median']:.4f}" for r in RUNTIMES
+        )
+        print(f"{kind:8s} {k['torch']['cpu_ms']:13.3f} {k['onnx']['cpu_ms']:12.3f} {k['ratio']:6.3f}x   {cos}")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=None, help="LoCoMo-format JSON (default: synthetic texts)")
+    parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--facts", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if min(args.queries, args.facts, args.rounds) < 1:
+        parser.error("--queries, --facts and --rounds must be at least 1")
+    result = run(args)
+    report(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return result
+
+
+if __name__ == "__main__":
+    main()
