@@ -126,9 +126,17 @@ def exported(model_dir: Path) -> Path:
             return target
         work = Path(tempfile.mkdtemp(prefix=".export-", dir=root))
         try:
-            command = [sys.executable, "-m", __name__, str(model_dir), str(work)]
+            # The child imports this very package (`-P`: not one a working directory may hold).
+            package_root = str(Path(__file__).resolve().parents[2])
+            env = {
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
+            }
+            command = [sys.executable, "-P", "-m", __name__, str(model_dir), str(work)]
             try:
-                done = subprocess.run(command, capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S, check=False)
+                done = subprocess.run(
+                    command, capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S, check=False, env=env
+                )
             except subprocess.TimeoutExpired as e:
                 msg = f"the export did not finish within {EXPORT_TIMEOUT_S:.0f} s"
                 raise ExportError(msg) from e
