@@ -23,7 +23,7 @@ the embedder logs a warning and runs in float32.
 `runtime="onnx"` (`OSA_MEMORY_EMBEDDER_RUNTIME`, the product's default) runs the same module, exported once
 per model in a child process and cached, in ONNX Runtime (`onnx_runtime`): int8 closer to float32 and
 cheaper than torch's, float32 for `float16` (ONNX Runtime has no CPU kernels for float16 weights with float32
-arithmetic), cheaper than torch's float16; where the export or its check fails, torch runs. The components'
+arithmetic) at the CPU of torch's float16; where the export or its check fails, torch runs. The components'
 own default stays `torch`.
 
 torch, transformers, tokenizers and onnxruntime (the `embeddings` extra) are imported only when a model is
@@ -224,7 +224,7 @@ class _MiniLMBackend:
                 self._onnx = OnnxModel.load(directory, quantized=precision == "int8", threads=torch.get_num_threads())
                 self.runtime = "onnx"
                 # ONNX Runtime has no CPU kernels for float16 weights with float32 arithmetic: float16 runs the
-                # float32 graph (the same vector within ~1e-4, and less CPU than torch's float16).
+                # float32 graph (the same vector within ~1e-4, for the CPU of torch's float16).
                 self.precision = "int8" if precision == "int8" else "float32"
                 return
             except Exception as e:
