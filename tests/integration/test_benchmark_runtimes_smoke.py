@@ -20,7 +20,8 @@ def test_both_runtimes_are_measured_side_by_side(tmp_path: Path, capsys: pytest.
     assert json.loads(out.read_text())["query"]["ratio"] == result["query"]["ratio"]
     assert result["loaded"]["torch query"] == {"runtime": "torch", "precision": "int8"}
     assert result["loaded"]["onnx query"] == {"runtime": "onnx", "precision": "int8"}
-    assert result["loaded"]["onnx fact"] == {"runtime": "onnx", "precision": "float32"}
+    assert result["loaded"]["torch fact"] == {"runtime": "torch", "precision": "float16"}
+    assert result["loaded"]["onnx fact"] == {"runtime": "onnx", "precision": "mixed"}  # the product's default
     for kind in ("query", "fact"):
         k = result[kind]
         assert len(k["torch"]["rounds_ms"]) == len(k["onnx"]["rounds_ms"]) == 2
@@ -28,7 +29,10 @@ def test_both_runtimes_are_measured_side_by_side(tmp_path: Path, capsys: pytest.
         assert k["ratio"] == pytest.approx(k["onnx"]["cpu_ms"] / k["torch"]["cpu_ms"])
         assert 0.9 < k["onnx"]["cosine_to_float32"]["min"] <= 1.0 + 1e-6
         assert f"{kind:8s} {k['torch']['cpu_ms']:13.3f}" in printed
-    assert result["fact"]["onnx"]["cosine_to_float32"]["min"] > 0.99999  # float32 graph: the float32 vectors
+    assert result["fact"]["torch"]["cosine_to_float32"]["min"] > 0.9999  # float16 weights: the float32 vectors
+    float32 = script.main(["--queries", "1", "--facts", "2", "--rounds", "1", "--onnx-facts", "float32"])
+    assert float32["loaded"]["onnx fact"] == {"runtime": "onnx", "precision": "float32"}
+    assert float32["fact"]["onnx"]["cosine_to_float32"]["min"] > 0.99999  # the float32 graph
 
 
 def test_counts_must_be_positive() -> None:

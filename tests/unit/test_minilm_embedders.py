@@ -217,7 +217,7 @@ class TestBuildEmbedders:
         assert document_embedder.model == text_embedder.model == minilm_embedders.BUNDLED_MODEL
         assert minilm_embedders._model_dir(minilm_embedders.BUNDLED_MODEL) == os.path.realpath(model_path)
         assert text_embedder.precision == "int8"  # the default: fast recall
-        assert document_embedder.precision == MemoryConfig().document_precision == "float16"  # the default
+        assert document_embedder.precision == MemoryConfig().document_precision == "mixed"  # the default
         assert len(text_embedder.run(text="hello")["embedding"]) == MINILM_DIMENSION
 
     def test_query_precision_follows_the_configuration(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -230,7 +230,7 @@ class TestBuildEmbedders:
             MemoryConfig.from_env()
 
     def test_document_precision_follows_the_configuration(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        for precision in ("int8", "float32", "float16"):
+        for precision in ("int8", "float32", "float16", "mixed"):
             document_embedder, _ = build_embedders(MemoryConfig(embedder="minilm", document_precision=precision))
             assert document_embedder.precision == precision
         monkeypatch.setenv("OSA_MEMORY_DOCUMENT_PRECISION", "int8")
@@ -737,6 +737,46 @@ class TestOnnxRuntime:
             MiniLMTextEmbedder(model=fresh_model, precision="int8", runtime="onnx").warm_up()
         assert minilm_embedders._backend(fresh_model, "int8", "onnx").runtime == "onnx"
         assert [r.getMessage() for r in caplog.records if "onnxruntime" in r.pathname] == []
+
+    def test_mixed_documents_closer_to_float32_than_int8_and_alone_in_their_pass(
+        self, model_path: str, expected: np.ndarray
+    ) -> None:
+        """`mixed` (the default for stored facts): int8 but each layer's feed-forward output, in both runtimes."""
+        texts = [t for t in TEXTS if t]
+        want = expected[[i for i, t in enumerate(TEXTS) if t]]
+        medians = {}
+        for runtime in ("onnx", "torch"):
+            for precision in ("mixed", "int8"):
+                embedder = MiniLMDocumentEmbedder(model=model_path, precision=precision, runtime=runtime)
+                docs = embedder.run(documents=[Document(content=t) for t in texts])["documents"]
+                got = np.asarray([d.embedding for d in docs])
+                assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+                medians[runtime, precision] = float(np.median((got * want).sum(axis=1)))
+                backend = minilm_embedders._backend(model_path, precision, runtime)
+                assert (backend.runtime, backend.precision) == (runtime, precision)
+                assert embedder._coalescer is minilm_embedders._coalescer_for(backend, 1)  # one text per pass
+            assert medians[runtime, "mixed"] > medians[runtime, "int8"], runtime
+        assert medians["onnx", "mixed"] > 0.99
+        embedder = MiniLMDocumentEmbedder(model=model_path, precision="mixed", runtime="onnx")
+        alone = [embedder.run(documents=[Document(content=t)])["documents"][0].embedding for t in FACTS]
+        docs = embedder.run(documents=[Document(content=t) for t in [LONG, *FACTS, "x"]])["documents"]
+        assert [d.embedding for d in docs[1:-1]] == alone
+
+    def test_mixed_keeps_exactly_the_feed_forward_outputs_in_float32(self, model_path: str) -> None:
+        spec = minilm_embedders._read_model_spec(Path(model_path))
+        eager = minilm_embedders._load_eager(spec)
+        kept = minilm_embedders._feed_forward_outputs(eager)
+        assert kept == [f"model.encoder.layer.{i}.output.dense" for i in range(6)]
+        graph = [
+            f"/model/encoder/layer.{i}/{part}/MatMul"
+            for i in range(6)
+            for part in ("attention/output/dense", "intermediate/dense", "output/dense")
+        ]
+        assert onnx_runtime.feed_forward_outputs(graph) == [
+            f"/model/encoder/layer.{i}/output/dense/MatMul" for i in range(6)
+        ]
+        with pytest.raises(onnx_runtime.ExportError, match="feed-forward"):
+            onnx_runtime.feed_forward_outputs([n for n in graph if "layer.5/output" not in n])
 
     @pytest.mark.parametrize("bad", ["onnxruntime", "", None, "TORCH"])
     def test_bad_runtime_refused(self, model_path: str, bad: Any) -> None:
