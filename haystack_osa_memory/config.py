@@ -169,8 +169,8 @@ class MemoryConfig(BaseModel):
         env="OSA_MEMORY_EMBEDDER_RUNTIME",
         doc="What runs the MiniLM model's forward pass: `onnx` (ONNX Runtime; the model is exported from torch when "
         "it loads, once per model and version, in a child process, and cached under `$XDG_CACHE_HOME/osa-memory`: "
-        "int8 queries at about 0.75 of torch's CPU and closer to float32, stored facts as float32 vectors for the "
-        "CPU of torch's float16, and ~300 MB less memory per `serve`) or `torch` (TorchScript). Bound "
+        "int8 queries at about 0.75 of torch's CPU and closer to float32, `mixed` facts at about 0.56 of torch's "
+        "float16 CPU, float32 ones at its CPU, and ~300 MB less memory per `serve`) or `torch` (TorchScript). Bound "
         'into the served YAML\'s MiniLM embedders (their `runtime`). See `benchmarks/README.md`, "ONNX Runtime".',
     )
     dataset: str = setting(
