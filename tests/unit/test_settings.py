@@ -34,6 +34,7 @@ EXAMPLES: dict[str, tuple[str, object]] = {
     "OSA_MEMORY_EMBEDDER_TIMEOUT": ("2.5", 2.5),
     "OSA_MEMORY_QUERY_PRECISION": ("float32", "float32"),
     "OSA_MEMORY_DOCUMENT_PRECISION": ("int8", "int8"),
+    "OSA_MEMORY_EMBEDDER_RUNTIME": ("torch", "torch"),
     "OSA_MEMORY_DATASET": ("team-kb", "team-kb"),
     "OSA_MEMORY_STATEMENT_TIMEOUT_MS": ("2000", 2000),
     "OSA_MEMORY_POOL_TIMEOUT": ("1.5", 1.5),
