@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from haystack import Document, component, default_from_dict, default_to_dict
 
-from haystack_osa_memory.components.onnx_runtime import OnnxModel, export_files, exported
+from haystack_osa_memory.components.onnx_runtime import OnnxModel, export_files, exported, feed_forward_outputs
 from haystack_osa_memory.errors import ConfigurationError
 from haystack_osa_memory.instruments import observe_document_batch
 
@@ -182,18 +182,9 @@ def _pooled_module(encoder: Any) -> torch.nn.Module:
 
 
 def _feed_forward_outputs(module: torch.nn.Module) -> list[str]:
-    """The linear layers that close each layer's feed-forward block (BERT's ``layer.N.output.dense``, not the
-    attention's ``attention.output.dense``): `mixed` keeps them in float32 (`onnx_runtime.feed_forward_outputs`).
-
-    :raises RuntimeError: not one of them per feed-forward block (another architecture).
-    """
-    names = [name for name, _ in module.named_modules()]
-    found = [n for n in names if n.endswith(".output.dense") and ".attention." not in n]
-    blocks = [n for n in names if n.endswith(".intermediate.dense")]
-    if not found or len(found) != len(blocks):
-        msg = f"found {len(found)} feed-forward outputs for {len(blocks)} feed-forward blocks; mixed needs one each"
-        raise RuntimeError(msg)
-    return found
+    """The linear layers that close each layer's feed-forward block (BERT's ``layer.N.output.dense``): `mixed`
+    keeps them in float32 (`onnx_runtime.feed_forward_outputs`, which raises for another architecture)."""
+    return feed_forward_outputs([name for name, _ in module.named_modules()], separator=".", suffix="")
 
 
 def _load_eager(spec: _ModelSpec) -> torch.nn.Module:

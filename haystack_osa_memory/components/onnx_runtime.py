@@ -62,23 +62,26 @@ FLOAT32_TOLERANCE = 1e-5
 INT8_MIN_COSINE = 0.9
 
 
-def feed_forward_outputs(names: Sequence[str]) -> list[str]:
-    """The matrix products that close each layer's feed-forward block (BERT's ``layer.N/output/dense``, not the
+class ExportError(RuntimeError):
+    """The model could not be exported or loaded for ONNX Runtime (the embedders then run torch)."""
+
+
+def feed_forward_outputs(names: Sequence[str], *, separator: str = "/", suffix: str = "/MatMul") -> list[str]:
+    """Of ``names`` (the graph's matrix products, or with ``separator`` "." and no ``suffix`` a torch module's
+    submodules), those that close each layer's feed-forward block (BERT's ``layer.N/output/dense``, not the
     attention's ``attention/output/dense``): `MIXED_FILE` keeps them in float32. Their input, the GELU's output,
     has a few large values per token, and one 8-bit scale over the whole tensor loses the rest (docs/traps.md).
 
-    :raises ExportError: the graph has not one of them per feed-forward block (another architecture).
+    :raises ExportError: not one of them per feed-forward block (another architecture).
     """
-    found = [n for n in names if n.endswith("/output/dense/MatMul") and "/attention/" not in n]
-    blocks = [n for n in names if n.endswith("/intermediate/dense/MatMul")]
+    output = f"{separator}output{separator}dense{suffix}"
+    attention = f"{separator}attention{separator}"
+    found = [n for n in names if n.endswith(output) and attention not in n]
+    blocks = [n for n in names if n.endswith(f"{separator}intermediate{separator}dense{suffix}")]
     if not found or len(found) != len(blocks):
         msg = f"found {len(found)} feed-forward outputs for {len(blocks)} feed-forward blocks; mixed needs one each"
         raise ExportError(msg)
     return found
-
-
-class ExportError(RuntimeError):
-    """The model could not be exported or loaded for ONNX Runtime (the embedders then run torch)."""
 
 
 class _QuantizerNoise(logging.Filter):
