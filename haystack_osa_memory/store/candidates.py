@@ -97,6 +97,11 @@ SCOPE_FACTS = sql.SQL(
 )
 
 
+#: What a recall returns of a fact besides its ranks (`SCOPE_FACTS`' columns after the id): content, metadata,
+#: created_at, updated_at.
+Detail = tuple[str, dict[str, Any], datetime, datetime]
+
+
 class ScopeHit(NamedTuple):
     """One fact of a scope that made a top-k list, before its text is fetched (ranks ``None`` when
     that side missed it; ``position`` is its place in storing order, from 1). ``detail``: its text, metadata
@@ -112,7 +117,7 @@ class ScopeHit(NamedTuple):
     vec_score: float | None
     fused: float
     position: int
-    detail: tuple[str, dict[str, Any], datetime, datetime] | None = None
+    detail: Detail | None = None
 
 
 @dataclass(frozen=True)

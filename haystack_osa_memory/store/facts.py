@@ -54,6 +54,7 @@ from haystack_osa_memory.store.candidates import (
     SCOPE_FACTS,
     SCOPE_ROWS,
     Candidate,
+    Detail,
     ScopeHit,
     exact_hits,
     kept_details,
@@ -88,7 +89,7 @@ from haystack_osa_memory.store.recall_rows import (
 )
 from haystack_osa_memory.store.scope_cache import Check, HeldScope, ScopeCache, governing_row_by_id
 from haystack_osa_memory.store.scope_cache import Statements as CacheStatements
-from haystack_osa_memory.store.scope_memo import MEMO_MAX_FACTS, Detail, Kept, Print, ScopeMemo
+from haystack_osa_memory.store.scope_memo import MEMO_MAX_FACTS, Kept, Print, ScopeMemo
 from haystack_osa_memory.store.scope_memo import Statements as MemoStatements
 from haystack_osa_memory.store.scope_query import (
     CONTEXT_STATUSES,
@@ -211,13 +212,10 @@ def _held_hits(
     """The hits of a scope ranked from memory (a big scope held, or a small one kept), as `exact_hits` returns;
     with their ``details`` (a kept scope's text, read at the print this recall matched)."""
     ids, until = held.document_ids, held.expires
-    ranked = held.rank(embedding, query_terms, ranking, boost_terms)
-    if details is not None:
-        return [
-            ScopeHit(ids[i], ids[i], until[i], lr, ls, vr, vs, fused, i + 1, details[ids[i]])
-            for i, lr, ls, vr, vs, fused in ranked
-        ]
-    return [ScopeHit(ids[i], ids[i], until[i], lr, ls, vr, vs, fused, i + 1) for i, lr, ls, vr, vs, fused in ranked]
+    return [
+        ScopeHit(ids[i], ids[i], until[i], lr, ls, vr, vs, fused, i + 1, None if details is None else details[ids[i]])
+        for i, lr, ls, vr, vs, fused in held.rank(embedding, query_terms, ranking, boost_terms)
+    ]
 
 
 @dataclass(frozen=True)

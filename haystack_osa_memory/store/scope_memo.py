@@ -45,13 +45,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Literal
 
 import psycopg
 from psycopg import sql
 
-from haystack_osa_memory.store.candidates import scope_governing_rows
+from haystack_osa_memory.store.candidates import Detail, scope_governing_rows
 from haystack_osa_memory.store.scope_cache import HeldScope
 
 #: Facts of small assignments each process keeps (~3.9 kB each with 384-d vectors, their text and metadata),
@@ -160,11 +159,6 @@ class Print:
     def of(cls, *columns: Any) -> Print:
         """From the print's `PRINT_COLUMNS` columns."""
         return cls(*(int(c) for c in columns))
-
-
-#: What a recall returns of a fact besides its ranks (`candidates.SCOPE_FACTS`' columns after the id): content,
-#: metadata, created_at, updated_at.
-Detail = tuple[str, dict[str, Any], datetime, datetime]
 
 
 @dataclass(frozen=True)
