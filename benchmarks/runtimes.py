@@ -27,31 +27,27 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
 
 from benchmarks.harness import machine_info
 from benchmarks.workload import fact_text, query_text
+from haystack_osa_memory.config import Precision
 
 RUNTIMES = ("torch", "onnx")
 
 
 def texts(data: Path | None, queries: int, facts: int) -> tuple[list[str], list[str]]:
-    """``queries`` questions and ``facts`` turns, spread over the data (or synthetic ones)."""
+    """``queries`` questions and ``facts`` turns, spread over the data (all of them when it has fewer), or
+    synthetic ones."""
     rnd = random.Random(11)
     if data is None:
         return [query_text(n % 16, rnd) for n in range(queries)], [fact_text(n % 16, n, rnd) for n in range(facts)]
+    from benchmarks.embedders import spread, texts_from
     from benchmarks.locomo_data import load_locomo
 
-    conversations = load_locomo(data)
-    questions = [q.question for c in conversations for q in c.questions]
-    turns = [f"({t.date}) {t.speaker}: {t.text}" for c in conversations for t in c.turns]
-
-    def spread(items: Sequence[str], n: int) -> list[str]:
-        step = max(len(items) / max(n, 1), 1.0)
-        return [items[int(i * step) % len(items)] for i in range(n)]
-
+    turns, questions = texts_from(load_locomo(data))
     return spread(questions, queries), spread(turns, facts)
 
 
@@ -162,7 +158,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--facts", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=4)
-    precisions = ["float32", "float16", "int8", "mixed"]
+    precisions = list(get_args(Precision))
     parser.add_argument("--torch-facts", choices=precisions, default="float16", help="torch's stored-fact precision")
     parser.add_argument("--onnx-facts", choices=precisions, default=None, help="default: the product's")
     parser.add_argument("--json", type=Path, default=None)

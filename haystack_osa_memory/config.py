@@ -21,7 +21,7 @@ from haystack_osa_memory.markers import IDENTIFIER_PATTERN
 
 EmbedderChoice = Literal["auto", "none", "minilm"]
 Precision = Literal["float32", "float16", "int8", "mixed"]
-#: What runs the MiniLM forward pass (`components.minilm_embedders.Runtime`).
+#: What runs the MiniLM forward pass (`components.minilm_embedders`).
 Runtime = Literal["onnx", "torch"]
 
 #: Key of a field's ``json_schema_extra``: the environment variable that sets it.

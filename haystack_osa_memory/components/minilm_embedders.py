@@ -41,11 +41,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, get_args
 
 from haystack import Document, component, default_from_dict, default_to_dict
 
 from haystack_osa_memory.components.onnx_runtime import OnnxModel, export_files, exported, feed_forward_outputs
+from haystack_osa_memory.config import Precision, Runtime
 from haystack_osa_memory.errors import ConfigurationError
 from haystack_osa_memory.instruments import observe_document_batch
 
@@ -55,12 +56,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Precision = Literal["float32", "float16", "int8", "mixed"]
-PRECISIONS: tuple[str, ...] = ("float32", "float16", "int8", "mixed")
-#: What runs the forward pass: TorchScript (`torch`) or ONNX Runtime (`onnx`, the model exported from the same
-#: torch module when it is loaded; `onnx_runtime.OnnxModel`).
-Runtime = Literal["torch", "onnx"]
-RUNTIMES: tuple[str, ...] = ("torch", "onnx")
+# `Precision` and `Runtime` (TorchScript, or ONNX Runtime running the same module exported: `onnx_runtime`) are
+# the configuration's own types (`MemoryConfig.document_precision`, `embedder_runtime`).
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+RUNTIMES: tuple[str, ...] = get_args(Runtime)
 
 SUPPORTED_PIPELINE = "Transformer -> Pooling (mean) -> Normalize"
 _MODULE_KINDS = ("Transformer", "Pooling", "Normalize")
