@@ -225,6 +225,24 @@ class MemoryConfig(BaseModel):
         "(revocations made during the outage apply when it ends). Per worker process: with `serve --workers "
         "N`, a request during an outage that reaches a worker which never verified its token is refused (503).",
     )
+    call_slots: int = setting(
+        2,
+        env="OSA_MEMORY_CALL_SLOTS",
+        ge=0,
+        le=1024,
+        doc="Calls each `serve` process runs in worker threads at once (their token check and tool run); the rest "
+        "wait their turn on the event loop. Threads beyond a couple only take turns at the interpreter lock, "
+        "at a cost per call. `0`: no limit (anyio's 40 threads). See `OSA_MEMORY_CALL_LEASE` and "
+        'benchmarks/README.md, "Call slots".',
+    )
+    call_lease: float = setting(
+        0.05,
+        env="OSA_MEMORY_CALL_LEASE",
+        gt=0,
+        le=60,
+        doc="Seconds a call holds its slot (`OSA_MEMORY_CALL_SLOTS`): a call still running after this gives its "
+        "slot to the next and runs on beside it, so a slow call delays the others by at most this.",
+    )
     redaction_off: tuple[str, ...] = setting(
         (),
         env="OSA_MEMORY_REDACTION_OFF",

@@ -79,6 +79,7 @@ def serve(
 
     import uvicorn
 
+    from haystack_osa_memory.mcp.call_slots import CallSlots
     from haystack_osa_memory.mcp.forked_workers import freeze_heap, preload
     from haystack_osa_memory.mcp.guard import start_database_guard, stop_database_guard
     from haystack_osa_memory.mcp.server import (
@@ -126,7 +127,8 @@ def serve(
             return
         tokens = store.tokens
         try:
-            asgi = create_app(CachingVerifier(tokens, config.offline_grace), pipelines_dir)
+            slots = CallSlots(config.call_slots, config.call_lease)
+            asgi = create_app(CachingVerifier(tokens, config.offline_grace), pipelines_dir, slots)
         except Exception as e:
             fail(f"the MCP tools could not be loaded: {type(e).__name__}: {e}")
         freeze_heap()  # the app and its models live as long as the process: out of the collector's way

@@ -33,12 +33,12 @@ from types import FrameType, TracebackType
 from typing import Any
 from urllib.parse import quote, unquote
 
-import anyio
 from cachetools import TTLCache
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from haystack_osa_memory.caller import Caller, caller_scope
 from haystack_osa_memory.errors import AuthenticationError, DatabaseError, InvalidInputError, OsaMemoryError
+from haystack_osa_memory.mcp.call_slots import CallSlots
 from haystack_osa_memory.privacy.redaction import JWT, PASSWORD, PRIVATE_KEY, SECRET, redact
 from haystack_osa_memory.store.database import classify, probe
 from haystack_osa_memory.store.tokens import TokenStore
@@ -578,10 +578,17 @@ class DirectToolCalls:
 class BearerAuthMiddleware:
     """Pure ASGI middleware: verify the bearer token, run the request as its caller, or answer 401."""
 
-    def __init__(self, app: ASGIApp, verify: Verifier, direct: DirectToolCalls | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        verify: Verifier,
+        direct: DirectToolCalls | None = None,
+        slots: CallSlots | None = None,
+    ) -> None:
         self.app = app
         self.verify = verify
         self.direct = direct
+        self.slots = slots or CallSlots(0, 1.0)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -606,7 +613,7 @@ class BearerAuthMiddleware:
             )
             return
         try:
-            caller = await anyio.to_thread.run_sync(self.verify, token.strip())
+            caller = await self.slots.run(self.verify, token.strip())
         except AuthenticationError as e:
             await _respond(send, 401, {"error": str(e)}, challenge)
             return
@@ -644,7 +651,7 @@ def _package_version() -> str:
         return "0"
 
 
-def _lock_down(server: Any, registry: Any) -> list[str]:
+def _lock_down(server: Any, registry: Any, slots: CallSlots) -> list[str]:
     """Replace Hayhooks' list/call handlers so that only our pipeline tools exist.
 
     A tool declared in `tools.SPECS` also publishes its result model as `outputSchema`, and its results
@@ -709,7 +716,7 @@ def _lock_down(server: Any, registry: Any) -> list[str]:
         # without its detour: a span mirrored into the local trace buffer (not served here) and the tool's
         # dict turned into JSON text only to be parsed back for the structured content.
         try:
-            answer = await anyio.to_thread.run_sync(functools.partial(wrappers[name].run_api, **arguments))
+            answer = await slots.run(functools.partial(wrappers[name].run_api, **arguments))
         except OsaMemoryError:
             raise
         except Exception as e:
@@ -769,7 +776,8 @@ def worker_app() -> ASGIApp:
         # The worker's store (its tokens) lives as long as the worker process.
         store = MemoryStore.from_config(config.model_copy(update={"pg_conn_str": resolve_connection_string(config)}))
         tokens = store.tokens
-        app = create_app(CachingVerifier(tokens, config.offline_grace), config.pipelines_dir)
+        slots = CallSlots(config.call_slots, config.call_lease)
+        app = create_app(CachingVerifier(tokens, config.offline_grace), config.pipelines_dir, slots)
     except Exception as e:
         logger.error("the MCP tools could not be loaded: %s: %s", type(e).__name__, e)
         raise SystemExit(3) from None  # uvicorn's STARTUP_FAILURE
@@ -789,8 +797,9 @@ def without_trace_buffer() -> None:
     hayhooks_settings.tracing_include_haystack_spans = False
 
 
-def create_app(verify: Verifier, pipelines_dir: Path | None = None) -> ASGIApp:
-    """The ASGI app: locked-down Hayhooks MCP server behind bearer auth.
+def create_app(verify: Verifier, pipelines_dir: Path | None = None, slots: CallSlots | None = None) -> ASGIApp:
+    """The ASGI app: locked-down Hayhooks MCP server behind bearer auth. ``slots``: how many calls run in
+    worker threads at once (`CallSlots`; by default the configuration's, `OSA_MEMORY_CALL_SLOTS`).
 
     The pipelines' `setup()` runs here (database connection, schema, embedders).
     """
@@ -807,7 +816,12 @@ def create_app(verify: Verifier, pipelines_dir: Path | None = None) -> ASGIApp:
     # Without a version the MCP SDK looks up its own package's version in the installed metadata on
     # every request (stateless HTTP builds a session per request), a measurable share of a recall.
     server.version = _package_version()
-    names = _lock_down(server, registry)
+    if slots is None:
+        from haystack_osa_memory.config import MemoryConfig
+
+        config = MemoryConfig.from_env()
+        slots = CallSlots(config.call_slots, config.call_lease)
+    names = _lock_down(server, registry, slots)
     logger.info("serving MCP tools %s", names)
     # Each answer as one JSON body instead of a one-event SSE stream: a stateless call has nothing to
     # stream (no progress, no server requests), and the stream's machinery cost more than the recall.
@@ -815,4 +829,4 @@ def create_app(verify: Verifier, pipelines_dir: Path | None = None) -> ASGIApp:
     app.router.routes = [
         r for r in app.router.routes if isinstance(r, Route | Mount) and getattr(r, "path", "") in ("/mcp", "/status")
     ]
-    return BearerAuthMiddleware(app, verify, DirectToolCalls(server))
+    return BearerAuthMiddleware(app, verify, DirectToolCalls(server), slots)

@@ -43,6 +43,8 @@ EXAMPLES: dict[str, tuple[str, object]] = {
     "OSA_MEMORY_SUGGEST_SUPERSEDES": ("false", False),
     "OSA_MEMORY_BUFFER": ("/srv/osa/buffer.jsonl", Path("/srv/osa/buffer.jsonl")),
     "OSA_MEMORY_OFFLINE_GRACE": ("60", 60.0),
+    "OSA_MEMORY_CALL_SLOTS": ("0", 0),
+    "OSA_MEMORY_CALL_LEASE": ("0.2", 0.2),
     "OSA_MEMORY_REDACTION_OFF": ("private_ip, user_path", ("private_ip", "user_path")),
     "OSA_MEMORY_SCOPE_CACHE_FACTS": ("0", 0),
     "OSA_MEMORY_TOKEN": (" osa_tok_123 ", "osa_tok_123"),
@@ -93,6 +95,18 @@ def test_empty_and_lowercase_names_are_not_settings(monkeypatch: pytest.MonkeyPa
 def test_an_invalid_value_names_its_variable_and_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OSA_MEMORY_EMBEDDING_DIM", "0")
     with pytest.raises(ConfigurationError, match=r"OSA_MEMORY_EMBEDDING_DIM \(embedding_dimension\)"):
+        MemoryConfig.from_env()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("OSA_MEMORY_CALL_SLOTS", "-1"), ("OSA_MEMORY_CALL_SLOTS", "two"), ("OSA_MEMORY_CALL_LEASE", "0")],
+)
+def test_call_slots_and_lease_out_of_range_are_refused(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError, match=variable):
         MemoryConfig.from_env()
 
 
