@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 OPSET = 17
 #: Part of the cache key: bump it when what `export_files` writes changes.
-EXPORT_VERSION = 2
+EXPORT_VERSION = 3
 FLOAT32_FILE, INT8_FILE, MIXED_FILE, CHECK_FILE = "model.onnx", "model.int8.onnx", "model.mixed.onnx", "check.json"
 #: The file of each precision (``float16`` runs the float32 graph: no CPU kernels for float16 weights).
 FILES = {"float32": FLOAT32_FILE, "float16": FLOAT32_FILE, "int8": INT8_FILE, "mixed": MIXED_FILE}

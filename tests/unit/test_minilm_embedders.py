@@ -732,6 +732,18 @@ class TestOnnxRuntime:
         assert damaged.runtime == "torch"
         assert any("differ from the exported module" in r.getMessage() for r in caplog.records)
 
+    def test_attention_is_exported_as_matrix_products(self, model_path: str) -> None:
+        """Not through torch's scaled-dot-product attention, whose export adds NaN guards and shape bookkeeping
+        that ONNX Runtime runs node by node on every pass."""
+        import onnx
+
+        minilm_embedders._backend(model_path, "int8", "onnx")
+        directory = onnx_runtime.exported(Path(minilm_embedders._model_dir(model_path)))
+        for name in (onnx_runtime.FLOAT32_FILE, onnx_runtime.INT8_FILE, onnx_runtime.MIXED_FILE):
+            ops = [n.op_type for n in onnx.load(str(directory / name), load_external_data=False).graph.node]
+            assert "IsNaN" not in ops, name
+            assert ops.count("Softmax") == 6, name  # one per layer, computed in the graph
+
     def test_quantizing_leaves_the_log_quiet(self, fresh_model: str, caplog: pytest.LogCaptureFixture) -> None:
         with caplog.at_level(logging.DEBUG):
             MiniLMTextEmbedder(model=fresh_model, precision="int8", runtime="onnx").warm_up()
