@@ -78,7 +78,7 @@ import numpy as np
 from haystack import Document
 
 from benchmarks.harness import database, drop_schema, machine_info, percentile
-from benchmarks.locomo_data import Conversation, load_locomo
+from benchmarks.locomo_data import Conversation, load_locomo, spread, texts_from
 from benchmarks.locomo_runs import VARIANTS, recall_all, store_all
 from haystack_osa_memory import MemoryConfig
 from haystack_osa_memory.config import Precision
@@ -297,21 +297,6 @@ class Backend:
 
 
 # ------------------------------------------------------------------------------------------ measures
-
-
-def texts_from(conversations: Sequence[Conversation]) -> tuple[list[str], list[str]]:
-    """(turn facts, questions) in data order."""
-    turns = [t.fact for c in conversations for t in c.turns]
-    questions = [q.question for c in conversations for q in c.questions if q.question]
-    return turns, questions
-
-
-def spread(items: Sequence[str], n: int) -> list[str]:
-    """n items evenly spread over the list (all when n >= len)."""
-    if n >= len(items):
-        return list(items)
-    step = len(items) / n
-    return [items[int(i * step)] for i in range(n)]
 
 
 def rotated(backends: Sequence[Backend], i: int) -> list[Backend]:

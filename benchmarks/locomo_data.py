@@ -169,6 +169,21 @@ def load_locomo(path: Path, limit_conversations: int | None = None) -> list[Conv
 # ------------------------------------------------------------------------------------------ metrics
 
 
+def texts_from(conversations: Sequence[Conversation]) -> tuple[list[str], list[str]]:
+    """(turn facts, questions) in data order."""
+    turns = [t.fact for c in conversations for t in c.turns]
+    questions = [q.question for c in conversations for q in c.questions if q.question]
+    return turns, questions
+
+
+def spread(items: Sequence[str], n: int) -> list[str]:
+    """n items evenly spread over the list (all when n >= len)."""
+    if n >= len(items):
+        return list(items)
+    step = len(items) / n
+    return [items[int(i * step)] for i in range(n)]
+
+
 def question_metrics(ranked: Sequence[frozenset[str]], evidence: Sequence[str]) -> dict[str, float]:
     """Metrics of one question. ``ranked``: the dia_ids of each returned fact, best first."""
     wanted = set(evidence)

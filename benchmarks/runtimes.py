@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import sys
 import time
@@ -32,23 +31,10 @@ from typing import Any, get_args
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
 
 from benchmarks.harness import machine_info
-from benchmarks.workload import fact_text, query_text
+from benchmarks.workload import embedding_texts
 from haystack_osa_memory.config import Precision
 
 RUNTIMES = ("torch", "onnx")
-
-
-def texts(data: Path | None, queries: int, facts: int) -> tuple[list[str], list[str]]:
-    """``queries`` questions and ``facts`` turns, spread over the data (all of them when it has fewer), or
-    synthetic ones."""
-    rnd = random.Random(11)
-    if data is None:
-        return [query_text(n % 16, rnd) for n in range(queries)], [fact_text(n % 16, n, rnd) for n in range(facts)]
-    from benchmarks.embedders import spread, texts_from
-    from benchmarks.locomo_data import load_locomo
-
-    turns, questions = texts_from(load_locomo(data))
-    return spread(questions, queries), spread(turns, facts)
 
 
 def cpu_ms(call: Callable[[str], object], items: Sequence[str]) -> float:
@@ -80,7 +66,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         MiniLMTextEmbedder,
     )
 
-    questions, turns = texts(args.data, args.queries, args.facts)
+    questions, turns = embedding_texts(args.data, args.queries, args.facts)
     config = MemoryConfig()
     facts = {"torch": args.torch_facts, "onnx": args.onnx_facts or config.document_precision}
     query = {r: MiniLMTextEmbedder(model=BUNDLED_MODEL, precision=config.query_precision, runtime=r) for r in RUNTIMES}

@@ -48,6 +48,18 @@ def query_text(assignment: int, rnd: random.Random) -> str:
     return f"{tag(assignment)} which {rnd.choice(THINGS)} does {rnd.choice(SUBJECTS)} use?"
 
 
+def embedding_texts(data: Path | None, queries: int, facts: int) -> tuple[list[str], list[str]]:
+    """``queries`` questions and ``facts`` turns of LoCoMo-format ``data`` for the embedder benchmarks, spread over it
+    (all of them when it has fewer), or synthetic ones (`query_text`, `fact_text`)."""
+    rnd = random.Random(11)
+    if data is None:
+        return [query_text(n % 16, rnd) for n in range(queries)], [fact_text(n % 16, n, rnd) for n in range(facts)]
+    from benchmarks.locomo_data import load_locomo, spread, texts_from
+
+    turns, questions = texts_from(load_locomo(data))
+    return spread(questions, queries), spread(turns, facts)
+
+
 def caller_of(assignment: int) -> Caller:
     """The caller working on assignment ``assignment`` (two orgs, assignments alternating between them)."""
     return Caller(org_id=f"load-org-{assignment % 2}", assignment_id=f"asg-{assignment:03d}", specialist_id="s")
