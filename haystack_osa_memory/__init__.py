@@ -47,6 +47,7 @@ _EXPORTS: dict[str, str] = {
     "build_recall_pipeline": "haystack_osa_memory.builders",
     "build_store_pipeline": "haystack_osa_memory.builders",
     "use_lean_input_copies": "haystack_osa_memory.pipeline_inputs",
+    "use_lean_component_spans": "haystack_osa_memory.pipeline_spans",
 }
 
 __all__ = [
@@ -82,6 +83,7 @@ __all__ = [
     "caller_scope",
     "current_caller",
     "shared_memory",
+    "use_lean_component_spans",
     "use_lean_input_copies",
 ]
 
@@ -120,6 +122,7 @@ if TYPE_CHECKING:
     )
     from haystack_osa_memory.memory import Memory, shared_memory
     from haystack_osa_memory.pipeline_inputs import use_lean_input_copies
+    from haystack_osa_memory.pipeline_spans import use_lean_component_spans
     from haystack_osa_memory.store.memory_store import MemoryStore
 
 
