@@ -13,6 +13,7 @@ assert doc == Document(id="d1", content="Staging deploys need the VPN", meta={"t
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from datetime import date, datetime
 from typing import Any
 
@@ -39,6 +40,30 @@ class FactDocument(Document):
     walks its metadata through `copy.deepcopy`, which cost more than ranking the scope's facts. This copy is
     as deep (text and numbers are immutable; dicts and lists are copied), only direct.
     """
+
+    @classmethod
+    def of(cls, *, id: str, content: str, meta: dict[str, Any], score: float | None = None) -> FactDocument:
+        """The document ``FactDocument(id=id, content=content, meta=meta, score=score)`` makes, built directly:
+        Haystack's `Document` constructor tracks every field it sets (for its in-place mutation warning), which
+        cost more than the few facts a recall returns are worth. An empty id or content that is not text goes
+        through the constructor (which makes the id, or refuses the content)."""
+        if not id or type(content) is not str:
+            return cls(id=id, content=content, meta=meta, score=score)
+        new = object.__new__(cls)
+        new.__dict__.update(
+            id=id, content=content, blob=None, meta=meta, score=score, embedding=None, sparse_embedding=None
+        )
+        return new
+
+    def with_content(self, content: str) -> FactDocument:
+        """``dataclasses.replace(self, content=content)``, built directly (as `of`); the other fields are shared,
+        as `replace` shares them."""
+        if type(content) is not str or not self.id:
+            return replace(self, content=content)
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.__dict__["content"] = content
+        return new
 
     def __deepcopy__(self, memo: dict[int, Any]) -> FactDocument:
         new = object.__new__(type(self))

@@ -5,6 +5,7 @@ from typing import Any
 
 from haystack import Document, component, default_from_dict, default_to_dict
 
+from haystack_osa_memory.components.fact_document import FactDocument
 from haystack_osa_memory.markers import strip_marker
 
 
@@ -44,5 +45,10 @@ class ScopeMarkerStripper:
                 out.append(doc)
                 continue
             stripped = strip_marker(doc.content)
-            out.append(doc if stripped == doc.content else replace(doc, content=stripped))
+            if stripped == doc.content:
+                out.append(doc)
+            elif type(doc) is FactDocument:
+                out.append(doc.with_content(stripped))  # as `replace` makes it, without Haystack's field tracking
+            else:
+                out.append(replace(doc, content=stripped))
         return {"documents": out}

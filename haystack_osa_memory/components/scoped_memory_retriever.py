@@ -392,6 +392,6 @@ class ScopedMemoryRetriever:
             if conflicts.get(cand.document_id):
                 meta["conflicts_with"] = conflicts[cand.document_id]
             documents.append(
-                FactDocument(id=cand.document_id, content=cand.content, meta=meta, score=scores[cand.document_id])
+                FactDocument.of(id=cand.document_id, content=cand.content, meta=meta, score=scores[cand.document_id])
             )
         return {"documents": documents, "mode": "hybrid" if hybrid else "lexical"}

@@ -47,3 +47,32 @@ def test_the_pipeline_copy_is_deep_and_equal() -> None:
     assert f.meta["scores"]["lexical"] == 1.5
     assert f.meta["nested"] == [{"a": [1, 2]}]
     assert f.embedding == [0.1, 0.2]
+
+
+def test_built_directly_it_is_the_document_the_constructor_makes() -> None:
+    meta = {"document_id": "d1", "topic": "deploy"}
+    direct = FactDocument.of(id="d1", content="Staging deploys need the VPN", meta=meta, score=0.25)
+    built = FactDocument(id="d1", content="Staging deploys need the VPN", meta=meta, score=0.25)
+    assert type(direct) is FactDocument
+    assert direct.__dict__ == built.__dict__
+    assert direct == built
+    assert direct.meta is meta  # as the constructor keeps it
+    # An empty id is made from the fields, and content that is not text is refused, as by the constructor.
+    assert FactDocument.of(id="", content="x", meta={}).id == FactDocument(content="x").id
+    try:
+        FactDocument.of(id="d2", content=3, meta={})  # type: ignore[arg-type]
+    except ValueError as e:
+        assert "must be a string" in str(e)
+    else:
+        raise AssertionError("content that is not text was accepted")
+
+
+def test_with_content_is_dataclasses_replace() -> None:
+    import dataclasses
+
+    f = fact()
+    direct, replaced = f.with_content("new text"), dataclasses.replace(f, content="new text")
+    assert type(direct) is FactDocument
+    assert direct.__dict__ == replaced.__dict__
+    assert direct.meta is f.meta  # shared, as `replace` shares it
+    assert f.content == "Staging deploys need the VPN"  # the original is untouched
