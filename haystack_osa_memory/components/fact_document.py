@@ -23,13 +23,18 @@ from haystack import Document
 _IMMUTABLE = (str, int, float, bool, type(None), bytes, datetime, date)
 
 
+_ATOMS = frozenset(_IMMUTABLE)
+
+
 def _copy_meta(value: Any, memo: dict[int, Any]) -> Any:
+    # Atoms inside a dict or list are taken as they are without a call each: most of a fact's metadata.
+    kind = type(value)
+    if kind is dict:
+        return {k: v if type(v) in _ATOMS else _copy_meta(v, memo) for k, v in value.items()}
+    if kind is list:
+        return [v if type(v) in _ATOMS else _copy_meta(v, memo) for v in value]
     if isinstance(value, _IMMUTABLE):
         return value
-    if type(value) is dict:
-        return {k: _copy_meta(v, memo) for k, v in value.items()}
-    if type(value) is list:
-        return [_copy_meta(v, memo) for v in value]
     return copy.deepcopy(value, memo)
 
 

@@ -159,11 +159,15 @@ def exact_hits(
 def plain_copy(value: Any) -> Any:
     """A deep copy of a JSON value (dicts and lists copied, the rest immutable): metadata kept in memory is
     handed out as a copy, so that no caller's change reaches the next recall."""
-    if type(value) is dict:
-        return {k: plain_copy(v) for k, v in value.items()}
-    if type(value) is list:
-        return [plain_copy(v) for v in value]
+    kind = type(value)
+    if kind is dict:
+        return {k: plain_copy(v) if type(v) in _CONTAINERS else v for k, v in value.items()}
+    if kind is list:
+        return [plain_copy(v) if type(v) in _CONTAINERS else v for v in value]
     return value
+
+
+_CONTAINERS = frozenset({dict, list})
 
 
 def kept_details(hits: Sequence[ScopeHit]) -> dict[str, Sequence[Any]] | None:

@@ -274,9 +274,12 @@ def rank_scope(
     cosine: Floats = np.asarray(cos, dtype=np.float64)
     length: Floats = np.asarray(dl, dtype=np.float64)
     has_cos = ~np.isnan(cosine)
-    cos0 = np.where(has_cos, cosine, 0.0)
     cdl = length + params.lex_ctx * (_window_sum(length, w) - length)
-    vector = np.where(has_cos, cos0 + params.vec_ctx * (_window_sum(cos0, w) - cos0), np.nan)
+    if has_cos.any():
+        cos0 = np.where(has_cos, cosine, 0.0)
+        vector = np.where(has_cos, cos0 + params.vec_ctx * (_window_sum(cos0, w) - cos0), np.nan)
+    else:  # a query without an embedding: no vector side (what the arithmetic gives, without it)
+        vector = np.full(n, np.nan)
 
     lexical = np.full(n, np.nan)
     packed = terms if isinstance(terms, PackedTerms) else PackedTerms(terms)
@@ -327,8 +330,8 @@ def rank_scope(
     k = params.k
     chosen = kept & (_within(lexical, has_lex, k) | _within(vector, has_vec, k) | _within(fused, kept, k))
     at = np.flatnonzero(chosen)
-    lex_rank = _rank_of(lexical, has_lex, at)
-    vec_rank = _rank_of(vector, has_vec, at)
+    lex_rank = _rank_of(lexical, has_lex, at) if has_lex.any() else np.zeros(at.shape[0], dtype=np.int64)
+    vec_rank = _rank_of(vector, has_vec, at) if has_vec.any() else np.zeros(at.shape[0], dtype=np.int64)
     return [
         RankedFact(i, lr if hl else None, ls if hl else None, vr if hv else None, vs if hv else None, fu)
         for i, hl, lr, ls, hv, vr, vs, fu in zip(

@@ -170,6 +170,24 @@ def test_ties_break_by_storing_order() -> None:
     assert [(h.row, h.vec_rank) for h in hits] == [(0, 1), (1, 2)]
 
 
+@pytest.mark.parametrize("params", PARAMS)
+@pytest.mark.parametrize("seed", range(10))
+def test_matches_the_formulas_without_an_embedding(seed: int, params: RankingParams) -> None:
+    """A lexical recall: no fact has a cosine, and the vector side (skipped) ranks nothing."""
+    rnd = random.Random(1000 + seed)
+    n_terms = rnd.randint(1, 4)
+    rows = [(math.nan, *r[1:]) for r in _random_scope(rnd, rnd.randint(1, 40), n_terms)]
+    ranked = _rank(rows, n_terms, params)
+    got = {h.row: (h.lex_rank, h.vec_rank, h.fused) for h in ranked}
+    want = reference(rows, n_terms, params)
+    assert set(got) == set(want)
+    for i, (lex_rank, vec_rank, fused) in want.items():
+        assert got[i][:2] == (lex_rank, vec_rank), i
+        assert vec_rank is None, i
+        assert got[i][2] == pytest.approx(fused, abs=1e-12)
+    assert all(h.vec_score is None for h in ranked)
+
+
 def test_nothing_to_rank() -> None:
     assert _rank([], 3, RankingParams(k=5)) == []
     # no embedding and no query term: no fact has a score on either side

@@ -117,3 +117,15 @@ def test_the_least_recently_used_scope_goes_first() -> None:
     assert memo.route(("acme", "a2")) == "rows"
     assert memo.route(("acme", "a1")) == "print"
     assert memo.route(("acme", "a3")) == "print"
+
+
+def test_kept_metadata_is_copied_all_the_way_down() -> None:
+    from haystack_osa_memory.store.candidates import plain_copy
+
+    kept = {"topic": "t", "tags": ["a", {"nested": [1, {"deep": "x"}]}], "scores": {"lexical": 1.5}, "n": None}
+    copied = plain_copy(kept)
+    assert copied == kept
+    copied["tags"][1]["nested"][1]["deep"] = "changed"
+    copied["tags"].append("b")
+    copied["scores"]["lexical"] = 0.0
+    assert kept == {"topic": "t", "tags": ["a", {"nested": [1, {"deep": "x"}]}], "scores": {"lexical": 1.5}, "n": None}
