@@ -234,13 +234,16 @@ def two_ways_main(
     *,
     defaults: dict[str, int],
     report: Callable[[dict[str, Any]], object] | None = None,
+    more: Callable[[argparse.ArgumentParser], object] | None = None,
 ) -> int:
     """The command line of a two-ways benchmark: `add_block_arguments` (``defaults``: assignments, block,
-    rounds, warmup) and ``--phase``, then ``run``, its result printed (`print_two_ways`, then ``report``) and
-    written to ``--json`` with the machine's description."""
+    rounds, warmup), ``--phase`` and what ``more`` adds, then ``run``, its result printed (`print_two_ways`, then
+    ``report``) and written to ``--json`` with the machine's description."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_block_arguments(parser, **defaults)
     parser.add_argument("--phase", choices=["recall", "store"], default="recall")
+    if more is not None:
+        more(parser)
     args = parser.parse_args(argv)
     check_block_arguments(parser, args)
     result = run(args)
