@@ -20,7 +20,6 @@ questions and facts.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -31,8 +30,7 @@ from typing import Any, get_args
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
 
-from benchmarks.harness import machine_info
-from benchmarks.workload import embedding_texts
+from benchmarks.workload import embedding_run, embedding_texts, embedding_texts_main
 from haystack_osa_memory.config import Precision
 
 #: transformers' ``attn_implementation`` values compared: the default first, the product's second.
@@ -86,15 +84,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for way in WAYS if n % 2 == 0 else tuple(reversed(WAYS)):
             for kind in ("query", "fact"):
                 samples[kind][way].append(cpu_ms(models[way][kind], encoded[kind]))
-    result: dict[str, Any] = {
-        "machine": machine_info(),
-        "texts": "locomo" if args.data else "synthetic",
-        "queries": len(questions),
-        "facts": len(turns),
-        "rounds": args.rounds,
-        "precision": precision,
-        "nodes": nodes,
-    }
+    result: dict[str, Any] = {**embedding_run(args, questions, turns), "precision": precision, "nodes": nodes}
     for kind in ("query", "fact"):
         vectors = {
             w: np.concatenate([models[w][kind].run([e.ids], [e.attention_mask], [e.type_ids]) for e in encoded[kind]])
@@ -126,22 +116,11 @@ def report(result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=None, help="LoCoMo-format JSON (default: synthetic texts)")
-    parser.add_argument("--queries", type=int, default=300)
-    parser.add_argument("--facts", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=6)
-    precisions = [p for p in get_args(Precision) if p != "float16"]  # float16 runs the float32 graph
-    parser.add_argument("--facts-precision", choices=precisions, default=None, help="default: the product's")
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args(argv)
-    if min(args.queries, args.facts, args.rounds) < 1:
-        parser.error("--queries, --facts and --rounds must be at least 1")
-    result = run(args)
-    report(result)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    return result
+    def more(parser: argparse.ArgumentParser) -> None:
+        precisions = [p for p in get_args(Precision) if p != "float16"]  # float16 runs the float32 graph
+        parser.add_argument("--facts-precision", choices=precisions, default=None, help="default: the product's")
+
+    return embedding_texts_main(argv, __doc__, run, report, rounds=6, more=more)
 
 
 if __name__ == "__main__":

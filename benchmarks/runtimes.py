@@ -19,7 +19,6 @@ synthetic questions and facts.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -30,8 +29,7 @@ from typing import Any, get_args
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
 
-from benchmarks.harness import machine_info
-from benchmarks.workload import embedding_texts
+from benchmarks.workload import embedding_run, embedding_texts, embedding_texts_main
 from haystack_osa_memory.config import Precision
 
 RUNTIMES = ("torch", "onnx")
@@ -98,14 +96,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             samples["fact"][r].append(cpu_ms(embed_fact(r), turns))
     want_q = [reference_query.run(text=t)["embedding"] for t in questions]
     want_f = [d.embedding for d in reference_store.run(documents=[Document(content=t) for t in turns])["documents"]]
-    result: dict[str, Any] = {
-        "machine": machine_info(),
-        "texts": "locomo" if args.data else "synthetic",
-        "queries": len(questions),
-        "facts": len(turns),
-        "rounds": args.rounds,
-        "loaded": loaded,
-    }
+    result: dict[str, Any] = {**embedding_run(args, questions, turns), "loaded": loaded}
     for kind, items, want in (("query", questions, want_q), ("fact", turns, want_f)):
         per: dict[str, Any] = {}
         for r in RUNTIMES:
@@ -139,23 +130,14 @@ def report(result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=None, help="LoCoMo-format JSON (default: synthetic texts)")
-    parser.add_argument("--queries", type=int, default=300)
-    parser.add_argument("--facts", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=4)
-    precisions = list(get_args(Precision))
-    parser.add_argument("--torch-facts", choices=precisions, default="float16", help="torch's stored-fact precision")
-    parser.add_argument("--onnx-facts", choices=precisions, default=None, help="default: the product's")
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args(argv)
-    if min(args.queries, args.facts, args.rounds) < 1:
-        parser.error("--queries, --facts and --rounds must be at least 1")
-    result = run(args)
-    report(result)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    return result
+    def more(parser: argparse.ArgumentParser) -> None:
+        precisions = list(get_args(Precision))
+        parser.add_argument(
+            "--torch-facts", choices=precisions, default="float16", help="torch's stored-fact precision"
+        )
+        parser.add_argument("--onnx-facts", choices=precisions, default=None, help="default: the product's")
+
+    return embedding_texts_main(argv, __doc__, run, report, rounds=4, more=more)
 
 
 if __name__ == "__main__":

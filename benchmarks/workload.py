@@ -60,6 +60,47 @@ def embedding_texts(data: Path | None, queries: int, facts: int) -> tuple[list[s
     return spread(questions, queries), spread(turns, facts)
 
 
+def embedding_run(args: argparse.Namespace, questions: list[str], turns: list[str]) -> dict[str, Any]:
+    """What an embedder benchmark's result says of its run: the machine, the texts and how many, the rounds."""
+    return {
+        "machine": machine_info(),
+        "texts": "locomo" if args.data else "synthetic",
+        "queries": len(questions),
+        "facts": len(turns),
+        "rounds": args.rounds,
+    }
+
+
+def embedding_texts_main(
+    argv: list[str] | None,
+    doc: str | None,
+    run: Callable[[argparse.Namespace], dict[str, Any]],
+    report: Callable[[dict[str, Any]], object],
+    *,
+    rounds: int,
+    more: Callable[[argparse.ArgumentParser], object] | None = None,
+) -> dict[str, Any]:
+    """The command line of an embedder benchmark over `embedding_texts`: ``--data``, ``--queries``, ``--facts``,
+    ``--rounds`` (default ``rounds``), what ``more`` adds and ``--json``; then ``run``, its result printed by
+    ``report`` and written to ``--json``."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=None, help="LoCoMo-format JSON (default: synthetic texts)")
+    parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--facts", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    if more is not None:
+        more(parser)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if min(args.queries, args.facts, args.rounds) < 1:
+        parser.error("--queries, --facts and --rounds must be at least 1")
+    result = run(args)
+    report(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return result
+
+
 def caller_of(assignment: int) -> Caller:
     """The caller working on assignment ``assignment`` (two orgs, assignments alternating between them)."""
     return Caller(org_id=f"load-org-{assignment % 2}", assignment_id=f"asg-{assignment:03d}", specialist_id="s")

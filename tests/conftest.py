@@ -80,6 +80,20 @@ def hybrid_memory(pg_conn_str: str) -> Iterator[Memory]:
 
 
 @pytest.fixture
+def served_env(config: MemoryConfig, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The environment a serving process reads (`create_app`, `shared_memory`) set to ``config``'s schema,
+    lexical, with a private offline buffer; the process's shared memory reset."""
+    from haystack_osa_memory import memory as memory_module
+
+    monkeypatch.setenv("PG_CONN_STR", config.pg_conn_str or "")
+    monkeypatch.setenv("OSA_MEMORY_KB_SCHEMA", config.kb_schema)
+    monkeypatch.setenv("OSA_MEMORY_SCHEMA", config.memory_schema)
+    monkeypatch.setenv("OSA_MEMORY_EMBEDDER", "none")
+    monkeypatch.setenv("OSA_MEMORY_BUFFER", str(tmp_path / "buffer.jsonl"))
+    monkeypatch.setattr(memory_module, "_shared", None)
+
+
+@pytest.fixture
 def alice() -> Caller:
     return Caller(org_id="acme", assignment_id="asg-alpha", specialist_id="spec-1")
 

@@ -4,15 +4,13 @@ through them as before."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from haystack.core.pipeline import base as pipeline_base
 from haystack.core.pipeline import pipeline as pipeline_module
 from haystack.core.pipeline.base import PipelineBase
 from haystack.core.pipeline.utils import _deepcopy_with_exceptions as haystack_copy
 
-from haystack_osa_memory import Caller, MemoryConfig
+from haystack_osa_memory import Caller
 from haystack_osa_memory import memory as memory_module
 from haystack_osa_memory.mcp.server import create_app
 from haystack_osa_memory.pipeline_inputs import copy_component_inputs
@@ -21,18 +19,11 @@ from haystack_osa_memory.pipeline_spans import _HAYSTACK_SPAN, lean_component_sp
 pytestmark = pytest.mark.integration
 
 
-def test_the_served_app_copies_inputs_the_lean_way(
-    config: MemoryConfig, alice: Caller, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+@pytest.mark.usefixtures("served_env")
+def test_the_served_app_copies_inputs_the_lean_way(alice: Caller, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pipeline_module, "_deepcopy_with_exceptions", haystack_copy)
     monkeypatch.setattr(pipeline_base, "_deepcopy_with_exceptions", haystack_copy)
     monkeypatch.setattr(PipelineBase, "_create_component_span", staticmethod(_HAYSTACK_SPAN))
-    monkeypatch.setenv("PG_CONN_STR", config.pg_conn_str or "")
-    monkeypatch.setenv("OSA_MEMORY_KB_SCHEMA", config.kb_schema)
-    monkeypatch.setenv("OSA_MEMORY_SCHEMA", config.memory_schema)
-    monkeypatch.setenv("OSA_MEMORY_EMBEDDER", "none")
-    monkeypatch.setenv("OSA_MEMORY_BUFFER", str(tmp_path / "buffer.jsonl"))
-    monkeypatch.setattr(memory_module, "_shared", None)
 
     create_app(lambda token: alice)
 

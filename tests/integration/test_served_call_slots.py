@@ -8,13 +8,12 @@ import asyncio
 import json
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from haystack_osa_memory import Caller, MemoryConfig
+from haystack_osa_memory import Caller
 from haystack_osa_memory import memory as memory_module
 from haystack_osa_memory.mcp.call_slots import CallSlots
 from haystack_osa_memory.mcp.server import BearerAuthMiddleware, create_app
@@ -22,16 +21,6 @@ from haystack_osa_memory.mcp.server import BearerAuthMiddleware, create_app
 pytestmark = pytest.mark.integration
 
 HEADERS = {"authorization": "Bearer t", "accept": "application/json, text/event-stream"}
-
-
-@pytest.fixture
-def served_env(config: MemoryConfig, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("PG_CONN_STR", config.pg_conn_str or "")
-    monkeypatch.setenv("OSA_MEMORY_KB_SCHEMA", config.kb_schema)
-    monkeypatch.setenv("OSA_MEMORY_SCHEMA", config.memory_schema)
-    monkeypatch.setenv("OSA_MEMORY_EMBEDDER", "none")
-    monkeypatch.setenv("OSA_MEMORY_BUFFER", str(tmp_path / "buffer.jsonl"))
-    monkeypatch.setattr(memory_module, "_shared", None)
 
 
 def _call(n: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
