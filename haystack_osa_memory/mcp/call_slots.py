@@ -46,8 +46,10 @@ class CallSlots:
             raise ValueError(msg)
         self.slots = slots
         self.lease = lease
-        # Created on first use, on the serving event loop (an asyncio primitive belongs to one loop).
+        # Made on first use, for the event loop it is used on (an asyncio primitive belongs to one loop; an app
+        # served by one loop after another, as a test client does, gets slots of its own on each).
         self._free: asyncio.Semaphore | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         #: Calls that outlived their lease and gave their slot up (for tests and metrics).
         self.expired = 0
 
@@ -55,8 +57,9 @@ class CallSlots:
         """``fn(*args)`` in a worker thread (`anyio.to_thread.run_sync`), once a slot is free."""
         if not self.slots:
             return await anyio.to_thread.run_sync(fn, *args)
-        if self._free is None:
-            self._free = asyncio.Semaphore(self.slots)
+        loop = asyncio.get_running_loop()
+        if self._free is None or self._loop is not loop:
+            self._free, self._loop = asyncio.Semaphore(self.slots), loop
         free = self._free
         await free.acquire()
         held = True
@@ -72,7 +75,7 @@ class CallSlots:
                 self.expired += 1
             give_back()
 
-        timer = asyncio.get_running_loop().call_later(self.lease, expire)
+        timer = loop.call_later(self.lease, expire)
         try:
             return await anyio.to_thread.run_sync(fn, *args)
         finally:

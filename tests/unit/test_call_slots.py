@@ -104,6 +104,15 @@ def test_the_caller_context_reaches_the_thread() -> None:
     assert asyncio.run(run()) == "alice"
 
 
+def test_slots_serve_one_event_loop_after_another() -> None:
+    """An app served by one loop, then by another (a test client's portal), keeps limiting on each."""
+    slots = CallSlots(1, lease=30.0)
+    for _ in range(2):
+        recorder = Recorder()
+        asyncio.run(_calls(slots, recorder, [0.02] * 3))
+        assert recorder.most == 1
+
+
 @pytest.mark.parametrize(("slots", "lease", "why"), [(-1, 1.0, "slots must be 0"), (2, 0.0, "lease must be")])
 def test_bad_values_are_refused(slots: int, lease: float, why: str) -> None:
     with pytest.raises(ValueError, match=why):
