@@ -133,11 +133,12 @@ async def _session_as(caller: Caller) -> AsyncIterator[ClientSession]:
     from hayhooks.server.pipelines.loader import load_pipeline_registry
     from hayhooks.server.utils.mcp_utils import create_mcp_server
 
+    from haystack_osa_memory.mcp.call_slots import CallSlots
     from haystack_osa_memory.mcp.server import _lock_down, default_pipelines_dir
 
     registry = load_pipeline_registry(default_pipelines_dir())
     server = create_mcp_server(name="osa-memory", registry=registry)
-    _lock_down(server, registry)
+    _lock_down(server, registry, CallSlots(2, 0.05))  # as `serve` runs its calls (a loop per session here)
     # The server's tasks start inside this block and inherit the caller, as under the auth middleware.
     with caller_scope(caller):
         async with create_connected_server_and_client_session(server) as session:
