@@ -50,7 +50,7 @@ class CallSlots:
         # served by one loop after another, as a test client does, gets slots of its own on each).
         self._free: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        #: Calls that outlived their lease and gave their slot up (for tests and metrics).
+        #: Calls that outlived their lease and gave their slot up.
         self.expired = 0
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:
