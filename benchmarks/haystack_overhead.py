@@ -26,46 +26,42 @@ from typing import Any
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
 
+from haystack.core.pipeline.base import PipelineBase
+
 from benchmarks.workload import two_ways, two_ways_main
 from haystack_osa_memory import Memory
+from haystack_osa_memory.components.fact_document import FactDocument
+from haystack_osa_memory.pipeline_spans import _HAYSTACK_SPAN, lean_component_span
 
 WAYS = ("haystack", "lean")
-PARTS = ("spans", "documents")
 
 
-def _spans(on: bool) -> None:
-    from haystack.core.pipeline.base import PipelineBase
-
-    from haystack_osa_memory.pipeline_spans import _HAYSTACK_SPAN, lean_component_span
-
-    PipelineBase._create_component_span = staticmethod(lean_component_span if on else _HAYSTACK_SPAN)  # type: ignore[method-assign]
+def _constructed(cls: type[FactDocument], *, id: str, content: str, meta: dict[str, Any], score: Any = None) -> Any:
+    return cls(id=id, content=content, meta=meta, score=score)
 
 
-_LEAN_DOCUMENTS: dict[str, Any] = {}
+def _replaced(self: FactDocument, content: str) -> FactDocument:
+    return dataclasses.replace(self, content=content)
 
 
-def _documents(on: bool) -> None:
-    from haystack_osa_memory.components.fact_document import FactDocument
-
-    if not _LEAN_DOCUMENTS:
-        _LEAN_DOCUMENTS.update(of=FactDocument.__dict__["of"], with_content=FactDocument.__dict__["with_content"])
-
-    def constructed(cls: type[FactDocument], *, id: str, content: str, meta: dict[str, Any], score: Any = None) -> Any:
-        return cls(id=id, content=content, meta=meta, score=score)
-
-    def replaced(self: FactDocument, content: str) -> FactDocument:
-        return dataclasses.replace(self, content=content)
-
-    FactDocument.of = _LEAN_DOCUMENTS["of"] if on else classmethod(constructed)  # type: ignore[method-assign,assignment]
-    FactDocument.with_content = _LEAN_DOCUMENTS["with_content"] if on else replaced  # type: ignore[method-assign]
-
-
-SWITCHES: dict[str, Callable[[bool], None]] = {"spans": _spans, "documents": _documents}
+#: Each part's attributes switched between the ways: (class, attribute, Haystack's way, the package's way).
+PARTS: dict[str, list[tuple[type, str, Any, Any]]] = {
+    "spans": [
+        (PipelineBase, "_create_component_span", staticmethod(_HAYSTACK_SPAN), staticmethod(lean_component_span)),
+    ],
+    "documents": [
+        (FactDocument, "of", classmethod(_constructed), FactDocument.__dict__["of"]),
+        (FactDocument, "with_content", _replaced, FactDocument.__dict__["with_content"]),
+    ],
+}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Seed a fresh knowledge base, then the alternating blocks (see the module's docstring)."""
-    switch = SWITCHES[args.part]
+
+    def switch(lean: bool) -> None:
+        for cls, name, haystacks, ours in PARTS[args.part]:
+            setattr(cls, name, ours if lean else haystacks)
 
     def to(memory: Memory) -> Callable[[bool], None]:
         return switch
@@ -79,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     defaults = {"assignments": 4, "block": 300, "rounds": 10, "warmup": 50}
 
     def more(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--part", choices=PARTS, default="spans", help="which of Haystack's work to compare")
+        parser.add_argument("--part", choices=list(PARTS), default="spans", help="which of Haystack's work to compare")
 
     def report(result: dict[str, Any]) -> None:
         print(f"  part: {result['part']} (haystack: Haystack's own; lean: the package's)")

@@ -5,6 +5,7 @@ started, they fail."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import socket
 import subprocess
@@ -206,6 +207,16 @@ def load_benchmark(script: Path, name: str) -> ModuleType:
     sys.modules[spec.name] = module  # dataclasses look their module up while the script is executed
     spec.loader.exec_module(module)
     return module
+
+
+def run_with_json(name: str, argv: list[str], tmp_path: Path) -> Any:
+    """The benchmark ``benchmarks/<name>.py`` run in this process (`load_benchmark`) with ``argv`` and ``--json``:
+    its ``main``'s result, checked to be what it wrote there."""
+    script = load_benchmark(REPO / "benchmarks" / f"{name}.py", f"{name}_under_test")
+    out = tmp_path / f"{name}.json"
+    result = script.main([*argv, "--json", str(out)])
+    assert json.loads(out.read_text(encoding="utf-8")) == json.loads(json.dumps(result))
+    return result
 
 
 def run_benchmark(

@@ -127,8 +127,9 @@ def serve(
             return
         tokens = store.tokens
         try:
-            slots = CallSlots(config.call_slots, config.call_lease)
-            asgi = create_app(CachingVerifier(tokens, config.offline_grace), pipelines_dir, slots)
+            asgi = create_app(
+                CachingVerifier(tokens, config.offline_grace), pipelines_dir, CallSlots.from_config(config)
+            )
         except Exception as e:
             fail(f"the MCP tools could not be loaded: {type(e).__name__}: {e}")
         freeze_heap()  # the app and its models live as long as the process: out of the collector's way

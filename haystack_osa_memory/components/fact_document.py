@@ -62,8 +62,8 @@ class FactDocument(Document):
 
     def with_content(self, content: str) -> FactDocument:
         """``dataclasses.replace(self, content=content)``, built directly (as `of`); the other fields are shared,
-        as `replace` shares them."""
-        if type(content) is not str or not self.id:
+        as `replace` shares them. Content that is not text goes through `replace` (which refuses it)."""
+        if type(content) is not str:
             return replace(self, content=content)
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)

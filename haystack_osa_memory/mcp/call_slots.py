@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio.to_thread
+
+if TYPE_CHECKING:
+    from haystack_osa_memory.config import MemoryConfig
 
 T = TypeVar("T")
 
@@ -52,6 +55,11 @@ class CallSlots:
         self._loop: asyncio.AbstractEventLoop | None = None
         #: Calls that outlived their lease and gave their slot up.
         self.expired = 0
+
+    @classmethod
+    def from_config(cls, config: MemoryConfig) -> CallSlots:
+        """The slots a configuration asks for (`OSA_MEMORY_CALL_SLOTS`, `OSA_MEMORY_CALL_LEASE`)."""
+        return cls(config.call_slots, config.call_lease)
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:
         """``fn(*args)`` in a worker thread (`anyio.to_thread.run_sync`), once a slot is free."""

@@ -776,8 +776,9 @@ def worker_app() -> ASGIApp:
         # The worker's store (its tokens) lives as long as the worker process.
         store = MemoryStore.from_config(config.model_copy(update={"pg_conn_str": resolve_connection_string(config)}))
         tokens = store.tokens
-        slots = CallSlots(config.call_slots, config.call_lease)
-        app = create_app(CachingVerifier(tokens, config.offline_grace), config.pipelines_dir, slots)
+        app = create_app(
+            CachingVerifier(tokens, config.offline_grace), config.pipelines_dir, CallSlots.from_config(config)
+        )
     except Exception as e:
         logger.error("the MCP tools could not be loaded: %s: %s", type(e).__name__, e)
         raise SystemExit(3) from None  # uvicorn's STARTUP_FAILURE
@@ -821,8 +822,7 @@ def create_app(verify: Verifier, pipelines_dir: Path | None = None, slots: CallS
     if slots is None:
         from haystack_osa_memory.config import MemoryConfig
 
-        config = MemoryConfig.from_env()
-        slots = CallSlots(config.call_slots, config.call_lease)
+        slots = CallSlots.from_config(MemoryConfig.from_env())
     names = _lock_down(server, registry, slots)
     logger.info("serving MCP tools %s", names)
     # Each answer as one JSON body instead of a one-event SSE stream: a stateless call has nothing to

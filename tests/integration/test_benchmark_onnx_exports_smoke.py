@@ -3,22 +3,18 @@ the graphs' nodes and the vectors' differences reported."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, load_benchmark
+from tests.conftest import REPO, load_benchmark, run_with_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.embeddings]
 
 
 def test_both_exports_are_measured_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    script = load_benchmark(REPO / "benchmarks" / "onnx_exports.py", "onnx_exports_under_test")
-    out = tmp_path / "exports.json"
-    result = script.main(["--queries", "3", "--facts", "2", "--rounds", "2", "--json", str(out)])
+    result = run_with_json("onnx_exports", ["--queries", "3", "--facts", "2", "--rounds", "2"], tmp_path)
     printed = capsys.readouterr().out
-    assert json.loads(out.read_text())["query"]["ratio"] == result["query"]["ratio"]
     assert result["precision"] == {"query": "int8", "fact": "mixed"}  # the product's defaults
     assert result["nodes"]["eager"] < result["nodes"]["sdpa"]  # the shape bookkeeping and NaN guards are gone
     for kind in ("query", "fact"):

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, load_benchmark
+from tests.conftest import REPO, load_benchmark, run_with_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.embeddings]
 
 
 def test_both_runtimes_are_measured_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    script = load_benchmark(REPO / "benchmarks" / "runtimes.py", "runtimes_under_test")
-    out = tmp_path / "runtimes.json"
-    result = script.main(["--queries", "4", "--facts", "3", "--rounds", "2", "--json", str(out)])
+    result = run_with_json("runtimes", ["--queries", "4", "--facts", "3", "--rounds", "2"], tmp_path)
     printed = capsys.readouterr().out
-    assert json.loads(out.read_text())["query"]["ratio"] == result["query"]["ratio"]
     assert result["loaded"]["torch query"] == {"runtime": "torch", "precision": "int8"}
     assert result["loaded"]["onnx query"] == {"runtime": "onnx", "precision": "int8"}
     assert result["loaded"]["torch fact"] == {"runtime": "torch", "precision": "float16"}
@@ -30,7 +26,9 @@ def test_both_runtimes_are_measured_side_by_side(tmp_path: Path, capsys: pytest.
         assert 0.9 < k["onnx"]["cosine_to_float32"]["min"] <= 1.0 + 1e-6
         assert f"{kind:8s} {k['torch']['cpu_ms']:13.3f}" in printed
     assert result["fact"]["torch"]["cosine_to_float32"]["min"] > 0.9999  # float16 weights: the float32 vectors
-    float32 = script.main(["--queries", "1", "--facts", "2", "--rounds", "1", "--onnx-facts", "float32"])
+    float32 = run_with_json(
+        "runtimes", ["--queries", "1", "--facts", "2", "--rounds", "1", "--onnx-facts", "float32"], tmp_path
+    )
     assert float32["loaded"]["onnx fact"] == {"runtime": "onnx", "precision": "float32"}
     assert float32["fact"]["onnx"]["cosine_to_float32"]["min"] > 0.99999  # the float32 graph
 
