@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import tempfile
 import threading
 import time
@@ -48,8 +49,31 @@ SHARED_BUFFERS_MAX_MB = 1024
 _starting_shared_buffers: ContextVar[str | None] = ContextVar("starting_shared_buffers", default=None)
 
 
+# What `compact` leaves as it is: string literals (plain, escaped E'...', dollar-quoted), quoted identifiers and
+# comments; between them, the indentation after each line break goes.
+_KEPT_AS_IS = re.compile(
+    rb"""[Ee]'(?:[^'\\]|\\.|'')*'|'(?:[^']|'')*'|"(?:[^"]|"")*"|\$(\w*)\$.*?\$\1\$|--[^\n]*|/\*.*?\*/""", re.S
+)
+_INDENT = re.compile(rb"\n[ \t]+")
+
+
+def compact(raw: bytes) -> bytes:
+    """``raw`` without the indentation of its lines (outside literals, quoted identifiers and comments).
+
+    psycopg remembers how it parsed a statement's placeholders only for statements of at most
+    `psycopg._queries.MAX_CACHED_STATEMENT_LENGTH` bytes (4,096): a longer one is parsed again on every execute
+    (docs/traps.md). The fact-writing statement is longer than that as written in the source.
+    """
+    out, at = [], 0
+    for kept in _KEPT_AS_IS.finditer(raw):
+        out += [_INDENT.sub(b"\n", raw[at : kept.start()]), kept.group(0)]
+        at = kept.end()
+    out.append(_INDENT.sub(b"\n", raw[at:]))
+    return b"".join(out)
+
+
 def rendered(statement: sql.Composable) -> bytes:
-    """``statement`` as the bytes psycopg sends, rendered once instead of on every execute.
+    """``statement`` as the bytes psycopg sends, rendered once instead of on every execute, and `compact`.
 
     psycopg renders a `sql.Composed` again each time it runs one: 0.24 ms for the fact-writing statement,
     more than its parameters cost. Only identifiers are composed into our statements, and they are ASCII
@@ -61,7 +85,7 @@ def rendered(statement: sql.Composable) -> bytes:
     if not raw.isascii():
         msg = "a statement composed with non-ASCII identifiers cannot be rendered once; schema names must be ASCII"
         raise ConfigurationError(msg)
-    return raw
+    return compact(raw)
 
 
 def embedded_shared_buffers(config: MemoryConfig | None = None) -> str:

@@ -36,38 +36,38 @@ from haystack_osa_memory.tools import (
 # write alone returns the former successor (``held_again_after``, dropped again by the next store of the
 # same text), which `FactRepository.write` then detaches. The WHERE refuses to touch a row of another scope.
 UPSERT_GOVERNING_ROW = sql.SQL(
-    """INSERT INTO {schema}.{gov}
+    """INSERT INTO {schema}.{gov} AS d
     (id, org_id, specialist_id, dataset, source, audience, status, content_hash, title, metadata)
     VALUES (%(id)s, %(org_id)s, %(specialist_id)s, %(dataset)s, %(source)s, %(audience)s, %(status)s,
             %(content_hash)s, %(title)s, %(metadata)s)
     ON CONFLICT (id) DO UPDATE SET
         specialist_id = EXCLUDED.specialist_id,
-        title = coalesce(EXCLUDED.title, {schema}.{gov}.title),
+        title = coalesce(EXCLUDED.title, d.title),
         status = CASE
-            WHEN {schema}.{gov}.status = 'retired'
-                 AND {schema}.{gov}.metadata->'retired'->>'previous_status' = ANY(%(held)s::text[])
+            WHEN d.status = 'retired'
+                 AND d.metadata->'retired'->>'previous_status' = ANY(%(held)s::text[])
                  AND NOT EXCLUDED.status = ANY(%(held)s::text[]) THEN 'proposed'
-            WHEN {schema}.{gov}.status = 'retired' THEN EXCLUDED.status
-            WHEN {schema}.{gov}.status = 'superseded'
-                 AND {schema}.{gov}.metadata->>'superseded_from' = ANY(%(held)s::text[])
-            THEN {schema}.{gov}.metadata->>'superseded_from'
-            WHEN {schema}.{gov}.status = 'superseded' THEN EXCLUDED.status
-            ELSE {schema}.{gov}.status END,
-        metadata = CASE WHEN {schema}.{gov}.status = 'retired' THEN EXCLUDED.metadata
-                        WHEN {schema}.{gov}.status = 'superseded'
-                        THEN ({schema}.{gov}.metadata - 'valid_from' - 'valid_to' - 'superseded_by' - 'superseded_from')
+            WHEN d.status = 'retired' THEN EXCLUDED.status
+            WHEN d.status = 'superseded'
+                 AND d.metadata->>'superseded_from' = ANY(%(held)s::text[])
+            THEN d.metadata->>'superseded_from'
+            WHEN d.status = 'superseded' THEN EXCLUDED.status
+            ELSE d.status END,
+        metadata = CASE WHEN d.status = 'retired' THEN EXCLUDED.metadata
+                        WHEN d.status = 'superseded'
+                        THEN (d.metadata - 'valid_from' - 'valid_to' - 'superseded_by' - 'superseded_from')
                              || EXCLUDED.metadata
-                             || jsonb_build_object('held_again_after', {schema}.{gov}.metadata->'superseded_by')
-                        ELSE ({schema}.{gov}.metadata - 'held_again_after')
+                             || jsonb_build_object('held_again_after', d.metadata->'superseded_by')
+                        ELSE (d.metadata - 'held_again_after')
                              || (EXCLUDED.metadata
                                  - CASE WHEN %(valid_from_given)s::boolean THEN '' ELSE 'valid_from' END)
                    END,
-        created_at = CASE WHEN {schema}.{gov}.status = 'retired' THEN now() ELSE {schema}.{gov}.created_at END,
+        created_at = CASE WHEN d.status = 'retired' THEN now() ELSE d.created_at END,
         updated_at = now()
-    WHERE {schema}.{gov}.org_id = EXCLUDED.org_id
-      AND {schema}.{gov}.source = EXCLUDED.source
-      AND {schema}.{gov}.content_hash = EXCLUDED.content_hash
-      AND {schema}.{gov}.metadata->>'assignment_id' = EXCLUDED.metadata->>'assignment_id'
+    WHERE d.org_id = EXCLUDED.org_id
+      AND d.source = EXCLUDED.source
+      AND d.content_hash = EXCLUDED.content_hash
+      AND d.metadata->>'assignment_id' = EXCLUDED.metadata->>'assignment_id'
     RETURNING id, status, seq, metadata->>'held_again_after' AS held_again_after"""
 )
 INSERT_AUDIT = sql.SQL(

@@ -1,16 +1,18 @@
-"""Statements rendered once (`database.rendered`) are the bytes psycopg renders on a real connection, and a
-store and a recall still run through them."""
+"""Statements rendered once (`database.rendered`) are the bytes psycopg renders on a real connection without
+their lines' indentation (`database.compact`: literals, quoted identifiers and comments kept as they are), short
+enough for psycopg to parse each once, and a store and a recall still run through them."""
 
 from __future__ import annotations
 
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
 
 from haystack_osa_memory import Caller, Memory, MemoryConfig
 from haystack_osa_memory.errors import ConfigurationError
 from haystack_osa_memory.store import facts as facts_module
-from haystack_osa_memory.store.database import rendered
+from haystack_osa_memory.store.database import compact, rendered
 from haystack_osa_memory.store.lifecycle import LifecycleRepository
 from haystack_osa_memory.store.tokens import TokenStore
 
@@ -32,12 +34,53 @@ def test_rendered_is_what_psycopg_sends_on_a_connection(pg_conn_str: str, config
     ours = {"scope rows": repo._scope_rows, "scope facts": repo._scope_facts, "governing rows": repo._governing_rows}
     with psycopg.connect(pg_conn_str) as conn, conn.cursor() as cur:
         for name, statement in composed.items():
-            assert ours[name] == statement.as_bytes(cur), name
+            assert ours[name] == compact(statement.as_bytes(cur)), name
     # Every statement a store, a recall and a token check run is rendered, not composed again per call.
     lifecycle = LifecycleRepository(pg_conn_str, config)
     tokens = TokenStore(pg_conn_str, config)
     held = [repo._write_fact, repo._inherit_terms, repo._big_rows, lifecycle._q["IS_OFF"], tokens._select]
     assert all(isinstance(s, bytes) and s.isascii() for s in held)
+
+
+def test_every_statement_is_short_enough_for_psycopg_to_parse_it_once(pg_conn_str: str, config: MemoryConfig) -> None:
+    # psycopg parses a longer statement's placeholders again on every execute (docs/traps.md).
+    repos = [
+        facts_module.FactRepository(pg_conn_str, config),
+        LifecycleRepository(pg_conn_str, config),
+        TokenStore(pg_conn_str, config),
+    ]
+    statements = {
+        f"{type(repo).__name__}.{name}": value
+        for repo in repos
+        for name, value in [*vars(repo).items(), *getattr(repo, "_q", {}).items()]
+        if isinstance(value, bytes)
+    }
+    assert "FactRepository._write_fact" in statements
+    too_long = {name: len(s) for name, s in statements.items() if len(s) > MAX_CACHED_STATEMENT_LENGTH}
+    assert too_long == {}
+
+
+def test_compacting_keeps_literals_identifiers_and_comments(pg_conn_str: str) -> None:
+    raw = (
+        b"SELECT 'a\n    b' AS plain,\n"
+        b"       E'it\\'s\n    x' AS escaped,  -- the fact's text, 'quoted'\n"
+        b"       $tag$ one\n    two $tag$ AS dollar,\n"
+        b'       "we\n   ird" FROM (SELECT 1 AS "we\n   ird") t /* a\n   block */'
+    )
+    small = compact(raw)
+    assert b"\n       " not in small  # the indentation between them went
+    assert len(small) < len(raw)
+    with psycopg.connect(pg_conn_str) as conn:
+        assert (
+            conn.execute(small).fetchone()
+            == conn.execute(raw).fetchone()
+            == (
+                "a\n    b",
+                "it's\n    x",
+                " one\n    two ",
+                1,
+            )
+        )
 
 
 def test_a_quoted_identifier_renders_as_on_a_connection(pg_conn_str: str) -> None:
