@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from haystack_osa_memory.store.ranking import (
+    SORTED_RANKS_MAX,
     TERM_CODE,
     PackedTerms,
     RankedFact,
@@ -256,13 +257,16 @@ def test_packed_terms_indexed_extended_and_taken_count_as_fresh_ones(seed: int) 
     assert (PackedTerms(first).counts_by_term(query) == PackedTerms(first).index().counts_by_term(query)).all()
 
 
-@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("seed", range(24))
 def test_partitioned_ranks_are_the_sorted_ones(seed: int) -> None:
-    """`_within` (a partition) and `_rank_of` (binary search) give what a full sort gives: ranks by value
-    descending, ties by position, among eligible rows only; many ties (values from a few levels)."""
+    """`_within` (a partition) and `_rank_of` (a stable sort, or past `SORTED_RANKS_MAX` facts binary search)
+    give what a full sort gives: ranks by value descending, ties by position, among eligible rows only; many
+    ties (values from a few levels, zeros of both signs), or few (a bigger scope, values from many levels)."""
     rnd = np.random.default_rng(seed)
-    n = int(rnd.integers(1, 200))
-    values = rnd.integers(0, 6, n).astype(np.float64)
+    n = int(rnd.integers(1, 200)) if seed % 4 else int(rnd.integers(SORTED_RANKS_MAX + 1, 3 * SORTED_RANKS_MAX))
+    levels = 6 if seed % 8 else 10**6
+    values = rnd.integers(-2, levels, n).astype(np.float64)
+    values[values == -1] = -0.0
     eligible = rnd.random(n) < 0.8
     values[~eligible] = np.nan
     idx = np.flatnonzero(eligible)
