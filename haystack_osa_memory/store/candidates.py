@@ -15,10 +15,10 @@ from psycopg import sql
 from haystack_osa_memory.store.ranking import RankingParams, context_kept, rank_scope
 
 # The caller's governing rows a recall reads, the scope's condition itself: `SCOPE_ROWS` reads them, and so
-# does the print of a scope's kept rows (`scope_memo`), with the columns ``{columns}`` adds.
+# does the print of a scope's kept rows (`scope_memo`), with the columns ``{columns}`` adds, or with only the
+# columns it names (``{select}``: the print reads each row's id and version alone).
 SCOPE_GOVERNING_ROWS = sql.SQL(
-    """SELECT g.id AS document_id, g.seq, g.created_at, g.metadata->>'expires_at' AS expires_at, g.content_hash,
-           g.status = ANY(%(statuses)s) AS scored{columns}
+    """SELECT {select}
     FROM {schema}.{gov} g
     WHERE g.org_id = %(org_id)s
       AND g.audience = ANY(%(audiences)s)
@@ -26,13 +26,23 @@ SCOPE_GOVERNING_ROWS = sql.SQL(
       AND g.metadata->>'assignment_id' = %(assignment_id)s
       AND {valid_at}"""
 )
+_ROW_COLUMNS = sql.SQL(
+    """g.id AS document_id, g.seq, g.created_at, g.metadata->>'expires_at' AS expires_at, g.content_hash,
+           g.status = ANY(%(statuses)s) AS scored{columns}"""
+)
 
 
 def scope_governing_rows(
-    names: dict[str, sql.Identifier], valid_at: sql.Composable, columns: sql.Composable | None = None
+    names: dict[str, sql.Identifier],
+    valid_at: sql.Composable,
+    columns: sql.Composable | None = None,
+    *,
+    only: sql.Composable | None = None,
 ) -> sql.Composed:
-    """`SCOPE_GOVERNING_ROWS` for these table names, validity condition and added ``columns`` (none by default)."""
-    return SCOPE_GOVERNING_ROWS.format(columns=columns or sql.SQL(""), valid_at=valid_at, **names)
+    """`SCOPE_GOVERNING_ROWS` for these table names and validity condition: the columns a ranking reads and the
+    added ``columns`` (none by default), or the columns ``only`` names instead."""
+    select = only if only is not None else _ROW_COLUMNS.format(columns=columns or sql.SQL(""))
+    return SCOPE_GOVERNING_ROWS.format(select=select, valid_at=valid_at, **names)
 
 
 # The rows of one scope, in storing order (`seq`): the caller's governing rows and nothing else, so

@@ -57,10 +57,11 @@ from haystack_osa_memory.store.scope_cache import HeldScope
 #: least recently used out first; never more than `MemoryConfig.scope_cache_facts`, and none when that is 0.
 MEMO_MAX_FACTS = 12_000
 
-# The rows the exact path reads (`candidates.SCOPE_GOVERNING_ROWS`: the same condition), each with its version
-# (and, read with the rows, the columns a recall returns: `candidates.SCOPE_FACTS`' metadata and timestamps).
+# The rows the exact path reads (`candidates.SCOPE_GOVERNING_ROWS`: the same condition), each with its version:
+# the print reads nothing else of them; read with the rows, also the columns a recall returns
+# (`candidates.SCOPE_FACTS`' metadata and timestamps).
 _SCOPE = sql.SQL("m AS MATERIALIZED ({governing_rows})")
-_VERSION = sql.SQL(", g.xmin::text AS version")
+_VERSION = sql.SQL("g.id AS document_id, g.xmin::text AS version")  # all the print reads of a row
 _VERSION_AND_DETAILS = sql.SQL(", g.xmin::text AS version, g.metadata, g.updated_at")
 # The scope's recall rows (those the scope index of `osa_fact_terms` finds, `ddl.SCOPE_SEQ_INDEX`), each with
 # its version and the columns named in ``columns``. A fact's recall row outside them (its scope columns not
@@ -128,7 +129,7 @@ class Statements:
         prints = {name: _PRINT.format(rows=sql.SQL(name[-1])) for name in ("print_m", "print_r", "print_c")}
         return cls(
             print=MEMO_PRINT.format(
-                scope=_SCOPE.format(governing_rows=scope_governing_rows(names, valid_at, _VERSION)),
+                scope=_SCOPE.format(governing_rows=scope_governing_rows(names, valid_at, only=_VERSION)),
                 recall_rows=_RECALL_ROWS.format(columns=sql.SQL(""), **names),
                 chunks=_CHUNKS.format(columns=sql.SQL(""), **names),
                 query_terms=query_terms,
