@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -153,13 +154,15 @@ def serve(
 
 
 def _serve_workers(host: str, port: int, log_level: str, processes: int) -> None:
-    """uvicorn's supervisor: ``processes`` workers on one listening socket (the kernel spreads the
-    connections); a dead worker is replaced, one that cannot load the tools stops the server (exit 3)."""
+    """uvicorn's supervisor: ``processes`` workers, each listening on a socket of its own where the kernel spreads
+    connections over them (`listening`; elsewhere on the supervisor's); a dead worker is replaced, one that cannot
+    load the tools stops the server (exit 3)."""
     import uvicorn
     from uvicorn.config import STARTUP_FAILURE
     from uvicorn.supervisors import Multiprocess
 
     from haystack_osa_memory.mcp.forked_workers import forking_workers
+    from haystack_osa_memory.mcp.listening import bind_workers_socket
 
     config = uvicorn.Config(
         "haystack_osa_memory.mcp.server:worker_app",
@@ -170,9 +173,15 @@ def _serve_workers(host: str, port: int, log_level: str, processes: int) -> None
         workers=processes,
     )
     try:
-        sock = config.bind_socket()
-    except SystemExit:
-        raise typer.Exit(3) from None  # the address is taken (uvicorn logged it)
+        # Each forked worker listens beside it on a socket of its own (haystack_osa_memory.mcp.listening).
+        sock, guard = bind_workers_socket(host, port)
+    except OSError as e:
+        logging.getLogger("uvicorn.error").error(e)  # as uvicorn's own bind reports it
+        raise typer.Exit(3) from None  # the address is taken
+    address = f"[{host}]" if ":" in host else host
+    logging.getLogger("uvicorn.error").info(
+        "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", address, sock.getsockname()[1]
+    )
 
     class Supervisor(Multiprocess):
         terminated = False
@@ -187,6 +196,8 @@ def _serve_workers(host: str, port: int, log_level: str, processes: int) -> None
             supervisor.run()
     finally:
         sock.close()
+        if guard is not None:
+            guard.close()
     if any(p.process.exitcode == STARTUP_FAILURE for p in supervisor.processes):
         raise typer.Exit(3)
     if supervisor.terminated:

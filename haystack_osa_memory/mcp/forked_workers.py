@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from haystack_osa_memory.config import MemoryConfig
+from haystack_osa_memory.mcp.listening import own_socket
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +103,8 @@ def use_cpu_threads() -> None:
 
 def _forked_child(started: Callable[..., None], **kwargs: Any) -> None:
     after_fork()
+    # A listening socket of its own where the supervisor bound its socket for that (`listening`).
+    kwargs["sockets"] = [own_socket(s) for s in kwargs["sockets"]]
     started(**kwargs)
 
 
