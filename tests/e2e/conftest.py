@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -137,17 +137,26 @@ class Server:
         return {"token": issued.token, "token_id": issued.token_id, "assignments": list(issued.caller.grants)}
 
 
-@pytest.fixture(scope="module")
-def server(pg_conn_str: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    config = new_schema_config(pg_conn_str)
-    ensure_schema(pg_conn_str, config)
-    srv = Server(config, pg_conn_str, tmp_path_factory.mktemp("server") / "server.log")
+S = TypeVar("S", bound=Server)
+
+
+@contextmanager
+def serving(srv: S) -> Iterator[S]:
+    """``srv`` started; stopped and its schema dropped afterwards."""
     srv.start()
     try:
         yield srv
     finally:
         srv.stop()
-        drop_schema(pg_conn_str, config.kb_schema)
+        drop_schema(srv.pg_conn_str, srv.config.kb_schema)
+
+
+@pytest.fixture(scope="module")
+def server(pg_conn_str: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    config = new_schema_config(pg_conn_str)
+    ensure_schema(pg_conn_str, config)
+    with serving(Server(config, pg_conn_str, tmp_path_factory.mktemp("server") / "server.log")) as srv:
+        yield srv
 
 
 def with_session(url: str, token: str | None, fn: Callable[[ClientSession], Awaitable[T]]) -> T:

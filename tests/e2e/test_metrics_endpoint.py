@@ -27,8 +27,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from haystack_osa_memory.embedders import minilm_installed
 from haystack_osa_memory.store.schema import ensure_schema
-from tests.conftest import drop_schema, free_port, new_schema_config
-from tests.e2e.conftest import OSA_MEMORY, Server, call, env_for, serve_workers, wait_for_status
+from tests.conftest import free_port, new_schema_config
+from tests.e2e.conftest import OSA_MEMORY, Server, call, env_for, serve_workers, serving, wait_for_status
 from tests.unit.test_metrics import sample
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
@@ -141,13 +141,8 @@ def metrics_server(
     config = new_schema_config(pg_conn_str, embedder=EMBEDDER)
     ensure_schema(pg_conn_str, config)
     log = tmp_path_factory.mktemp("metrics") / "server.log"
-    srv = MetricsServer(config, pg_conn_str, log, otlp=receiver.endpoint, workers=request.param)
-    srv.start()
-    try:
+    with serving(MetricsServer(config, pg_conn_str, log, otlp=receiver.endpoint, workers=request.param)) as srv:
         yield srv
-    finally:
-        srv.stop()
-        drop_schema(pg_conn_str, config.kb_schema)
 
 
 def test_metrics_and_traces_of_tool_calls(metrics_server: MetricsServer, receiver: OtlpReceiver) -> None:

@@ -15,8 +15,8 @@ import pytest
 
 from haystack_osa_memory.mcp.listening import reuse_port
 from haystack_osa_memory.store.schema import ensure_schema
-from tests.conftest import drop_schema, new_schema_config
-from tests.e2e.conftest import OSA_MEMORY, Server, serve_workers
+from tests.conftest import new_schema_config
+from tests.e2e.conftest import OSA_MEMORY, Server, serve_workers, serving
 
 pytestmark = [
     pytest.mark.e2e,
@@ -31,13 +31,8 @@ BURSTS = 10
 def two_workers(pg_conn_str: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     config = new_schema_config(pg_conn_str)
     ensure_schema(pg_conn_str, config)
-    srv = Server(config, pg_conn_str, tmp_path_factory.mktemp("spread") / "server.log", workers=2)
-    srv.start()
-    try:
+    with serving(Server(config, pg_conn_str, tmp_path_factory.mktemp("spread") / "server.log", workers=2)) as srv:
         yield srv
-    finally:
-        srv.stop()
-        drop_schema(pg_conn_str, config.kb_schema)
 
 
 def held_by_each(workers: list[psutil.Process], port: int) -> list[int]:
@@ -48,10 +43,22 @@ def held_by_each(workers: list[psutil.Process], port: int) -> list[int]:
     ]
 
 
+def listening(workers: list[psutil.Process], port: int) -> bool:
+    """Whether every worker listens on ``port`` (the first answers /status while the other may still start)."""
+    return all(
+        any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in w.net_connections(kind="tcp"))
+        for w in workers
+    )
+
+
 def test_connections_opened_at_once_are_spread_over_both_workers(two_workers: Server) -> None:
     assert two_workers.proc is not None
     workers = serve_workers(two_workers.proc.pid)
     assert len(workers) == 2
+    deadline = time.monotonic() + 60
+    while not listening(workers, two_workers.port):
+        assert time.monotonic() < deadline, "a worker did not listen within 60 s"
+        time.sleep(0.1)
     for _ in range(BURSTS):  # as a load generator opens its connections
         clients = []
         for _ in range(CONNECTIONS):
