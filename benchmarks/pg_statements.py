@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import tempfile
 import time
@@ -29,8 +28,7 @@ import psycopg
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
 
 from benchmarks.harness import machine_info
-from benchmarks.workload import caller_of, cluster_cpu_s, fact_text, knowledge_base, query_text, seed
-from haystack_osa_memory import Memory
+from benchmarks.workload import cluster_cpu_s, seeded_calls
 from haystack_osa_memory.store.database import start_embedded, stop_embedded
 
 PRELOAD = (
@@ -76,20 +74,7 @@ def counting_database() -> Iterator[str]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Seed, warm up, reset the statistics, measure (see the module's docstring)."""
-    rnd = random.Random(5)
-    with counting_database() as uri, knowledge_base("pgss", args.embedder) as (config, postmaster):
-        memory = Memory(config, use_default_embedders=args.embedder != "none")
-        callers = [caller_of(a) for a in range(args.assignments)]
-        seed(memory, callers, args.facts, rnd)
-        memory.warm_up()
-
-        def call(n: int) -> None:
-            a = n % len(callers)
-            if args.phase == "recall":
-                memory.recall(query_text(a, rnd), limit=8, caller=callers[a])
-            else:
-                memory.store(fact_text(a, 5 * 10**6 + n, rnd), caller=callers[a])
-
+    with counting_database() as uri, seeded_calls(args, "pgss") as (_, postmaster, call):
         for n in range(args.warmup):
             call(n)
         with psycopg.connect(uri, autocommit=True) as conn:

@@ -211,6 +211,28 @@ def paired_medians(samples: dict[bool, list[BlockCpu]]) -> dict[str, tuple[float
     return out
 
 
+@contextmanager
+def seeded_calls(args: argparse.Namespace, prefix: str) -> Iterator[tuple[Memory, int | None, Callable[[int], None]]]:
+    """A fresh knowledge base (`knowledge_base`) seeded with ``args.facts`` facts in each of ``args.assignments``
+    assignments and warmed up: its memory, its cluster's postmaster, and ``call(n)``, the ``n``-th call of
+    ``args.phase`` (a recall, or a store of a new fact), round robin over the assignments."""
+    rnd = random.Random(5)
+    with knowledge_base(prefix, args.embedder) as (config, postmaster):
+        memory = Memory(config, use_default_embedders=args.embedder != "none")
+        callers = [caller_of(a) for a in range(args.assignments)]
+        seed(memory, callers, args.facts, rnd)
+        memory.warm_up()
+
+        def call(n: int) -> None:
+            a = n % len(callers)
+            if args.phase == "recall":
+                memory.recall(query_text(a, rnd), limit=8, caller=callers[a])
+            else:
+                memory.store(fact_text(a, 5 * 10**6 + n + 1, rnd), caller=callers[a])
+
+        yield memory, postmaster, call
+
+
 def two_ways(
     args: argparse.Namespace, prefix: str, ways: tuple[str, str], switch: Callable[[Memory], Callable[[bool], object]]
 ) -> dict[str, Any]:
@@ -218,22 +240,14 @@ def two_ways(
     alternating blocks, way False (named ``ways[0]``) and way True (``ways[1]``), ``switch(memory)(way)`` before
     each block and ``switch(memory)(True)`` (the way the package ships) after the last: the medians per part
     (`paired_medians`) as ``{part: {"<way>_ms": ..., "ratio": ..., "paired_difference_ms": ...}}``."""
-    rnd = random.Random(5)
-    with knowledge_base(prefix, args.embedder) as (config, postmaster):
-        memory = Memory(config, use_default_embedders=args.embedder != "none")
-        callers = [caller_of(a) for a in range(args.assignments)]
-        seed(memory, callers, args.facts, rnd)
-        memory.warm_up()
+    with seeded_calls(args, prefix) as (memory, postmaster, one_call):
         to = switch(memory)
         count = 0
 
         def call(_way: bool) -> None:  # the way is switched per block
             nonlocal count
-            a, count = count % len(callers), count + 1
-            if args.phase == "recall":
-                memory.recall(query_text(a, rnd), limit=8, caller=callers[a])
-            else:
-                memory.store(fact_text(a, 5 * 10**6 + count, rnd), caller=callers[a])
+            one_call(count)
+            count += 1
 
         try:
             samples = alternating_blocks(

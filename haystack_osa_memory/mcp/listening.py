@@ -44,7 +44,8 @@ def bind_workers_socket(host: str, port: int) -> tuple[socket.socket, socket.soc
     :raises OSError: the address is taken (by another program or another `serve`) or cannot be bound.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    if reuse_port():
+    spread = reuse_port()
+    if spread:
         with socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((host, port))
@@ -52,10 +53,10 @@ def bind_workers_socket(host: str, port: int) -> tuple[socket.socket, socket.soc
     guard = None
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port():
+        if spread:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
-        if reuse_port():
+        if spread:
             bound = sock.getsockname()[1]
             guard = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
