@@ -1,8 +1,10 @@
 """Connections: the team's PostgreSQL (``PG_CONN_STR``) or the embedded default, and pooled access.
 
-Every connection disables psycopg's automatic prepared statements (``prepare_threshold=None``):
-PostgreSQL switches a prepared statement to a generic plan after five runs, and for scoped vector
-queries that generic plan can be an HNSW scan that filters after ``LIMIT`` (see docs/traps.md).
+Every connection plans each statement for its own parameters (``plan_cache_mode = force_custom_plan``):
+PostgreSQL would switch a prepared statement to a generic plan after five runs, and for scoped vector
+queries that generic plan can be an HNSW scan that filters after ``LIMIT`` (see docs/traps.md). With
+``prepared_statements`` on (the default) psycopg prepares a statement on a connection's second run of it,
+which spares PostgreSQL parsing and analysing it again; off, nothing is prepared.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ from haystack_osa_memory.errors import ConfigurationError, DatabaseError
 
 logger = logging.getLogger(__name__)
 
-_pools: dict[tuple[str, int, float], ConnectionPool] = {}
+#: A pool's key: connection string and the settings its connections are opened with.
+PoolKey = tuple[str, int, float, bool]
+_pools: dict[PoolKey, ConnectionPool] = {}
 _pools_lock = threading.Lock()
 _embedded: dict[Path, Any] = {}
 
@@ -257,16 +261,24 @@ def resolve_connection_string(config: MemoryConfig, *, export: bool = False) -> 
     return uri
 
 
-def connection_kwargs(config: MemoryConfig | None = None) -> dict[str, Any]:
-    """Keyword arguments for every connection we open."""
-    timeout_ms = (config or MemoryConfig()).statement_timeout_ms
+#: psycopg's ``prepare_threshold``: a statement is prepared once a connection has run it this many times.
+PREPARE_AFTER = 1
+
+
+def connection_kwargs(config: MemoryConfig | None = None, *, prepared: bool = True) -> dict[str, Any]:
+    """Keyword arguments for every connection we open; ``prepared=False`` for one that never prepares
+    (schema work: its statements run once)."""
+    cfg = config or MemoryConfig()
     return {
-        "prepare_threshold": None,
+        # Prepared on a connection's second run of a statement (`PREPARE_AFTER`): a statement run once is
+        # not worth a prepared statement's extra round trip.
+        "prepare_threshold": PREPARE_AFTER if prepared and cfg.prepared_statements else None,
         # Statements outside `transaction()` commit on their own: a one-statement read (`read()`)
         # costs one round trip instead of three (BEGIN, statement, COMMIT).
         "autocommit": True,
         "connect_timeout": 5,
-        "options": f"-c statement_timeout={timeout_ms}",
+        # Custom plans always, prepared or not: a generic plan may filter the scope after an index's LIMIT.
+        "options": f"-c statement_timeout={cfg.statement_timeout_ms} -c plan_cache_mode=force_custom_plan",
     }
 
 
@@ -317,13 +329,13 @@ def get_pool(conn_str: str, config: MemoryConfig | None = None) -> ConnectionPoo
         return pool
 
 
-def _pool_key(conn_str: str, config: MemoryConfig | None) -> tuple[str, int, float]:
+def _pool_key(conn_str: str, config: MemoryConfig | None) -> PoolKey:
     cfg = config or MemoryConfig()
-    return (conn_str, cfg.statement_timeout_ms, cfg.pool_timeout)
+    return (conn_str, cfg.statement_timeout_ms, cfg.pool_timeout, cfg.prepared_statements)
 
 
 #: How many holders (`MemoryStore` objects in use) each pool has: `release_pool` closes it with the last.
-_holders: dict[tuple[str, int, float], int] = {}
+_holders: dict[PoolKey, int] = {}
 
 
 def hold_pool(conn_str: str, config: MemoryConfig | None = None) -> None:

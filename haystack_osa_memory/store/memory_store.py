@@ -92,6 +92,7 @@ STORE_FIELDS = (
     "admitted_statuses",
     "redaction_off",
     "scope_cache_facts",
+    "prepared_statements",
 )
 
 #: Guards each store's hold on its pool (taken once, released once).
@@ -168,6 +169,7 @@ class MemoryStore:
         admitted_statuses: list[str] | None = None,
         redaction_off: list[str] | None = None,
         scope_cache_facts: int = _DEFAULTS["scope_cache_facts"],
+        prepared_statements: bool = _DEFAULTS["prepared_statements"],
     ) -> None:
         """
         :param connection_string: PostgreSQL connection string (a secret, resolved on first use).
@@ -185,6 +187,8 @@ class MemoryStore:
         :param scope_cache_facts: Facts of big assignments held in memory per process, ranked exactly from
             there (`haystack_osa_memory.store.scope_cache`), and the bound of small assignments' rows kept
             (at most `scope_memo.MEMO_MAX_FACTS`); 0 holds none.
+        :param prepared_statements: Prepare statements on the pool's connections (always planned for their own
+            parameters); off behind a pooler that cannot keep named prepared statements.
         :raises ConfigurationError: a name or value is not allowed (checked here, not at first query).
         """
         self.connection_string = connection_string
@@ -201,6 +205,7 @@ class MemoryStore:
         )
         self.redaction_off = list(redaction_off or _DEFAULTS["redaction_off"])
         self.scope_cache_facts = scope_cache_facts
+        self.prepared_statements = prepared_statements
         try:
             self.config = MemoryConfig(**{name: getattr(self, name) for name in STORE_FIELDS})
         except ValueError as e:

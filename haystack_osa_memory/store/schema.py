@@ -247,7 +247,7 @@ def ensure_schema(
     """
     report = InitReport(dry_run=dry_run, runtime_role=runtime_role, console_role=console_role)
     try:
-        with psycopg.connect(conn_str, **connection_kwargs(config)) as conn:
+        with psycopg.connect(conn_str, **connection_kwargs(config, prepared=False)) as conn:
             conn.execute(SET_LOCK_TIMEOUT.format(ms=sql.Literal(int(lock_timeout_ms))))
             if not dry_run:
                 conn.execute(INIT_SESSION_LOCK)
@@ -372,7 +372,7 @@ def check_schema(conn_str: str, config: MemoryConfig) -> SchemaState:
         DatabaseError: the database could not be read.
     """
     try:
-        with psycopg.connect(conn_str, **connection_kwargs(config)) as conn:
+        with psycopg.connect(conn_str, **connection_kwargs(config, prepared=False)) as conn:
             version = _read_version(conn, config)
             if version is None:
                 msg = f"no osa-memory schema in this database ({config.memory_schema}.schema_version): {INIT_HINT}"

@@ -38,6 +38,7 @@ EXAMPLES: dict[str, tuple[str, object]] = {
     "OSA_MEMORY_DATASET": ("team-kb", "team-kb"),
     "OSA_MEMORY_STATEMENT_TIMEOUT_MS": ("2000", 2000),
     "OSA_MEMORY_POOL_TIMEOUT": ("1.5", 1.5),
+    "OSA_MEMORY_PREPARED_STATEMENTS": ("false", False),
     "OSA_MEMORY_ENABLED": ("false", False),
     "OSA_MEMORY_TRUST_FLOOR": ("0.5", 0.5),
     "OSA_MEMORY_SUGGEST_SUPERSEDES": ("false", False),
