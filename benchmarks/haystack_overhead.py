@@ -5,7 +5,9 @@ Two parts of it, each measured alone (``--part``), the pipelines unchanged:
 - ``spans``: the span `Pipeline.run` opens around each component, its tags built (Haystack's builder) or not
   while no tracer records them (`pipeline_spans.lean_component_span`);
 - ``documents``: the facts recall returns built through Haystack's `Document` constructor and
-  `dataclasses.replace` (which track every field they set) or directly (`FactDocument.of`, `with_content`).
+  `dataclasses.replace` (which track every field they set) or directly (`FactDocument.of`, `with_content`);
+- ``copies``: the plain documents a store's pipeline passes on (with the fact's embedding) copied for each
+  component by `copy.deepcopy` or field by field (`pipeline_inputs.copy_document`).
 
 Blocks of ``--block`` recalls (or stores, ``--phase``), Haystack's way then ours, then the other way round,
 ``--rounds`` times on one seeded knowledge base; it prints the median CPU per call of this process and of the
@@ -13,11 +15,13 @@ database cluster, each way, their ratio and the median of the paired differences
 
     python benchmarks/haystack_overhead.py --part spans [--embedder minilm] [--block 300 --rounds 10]
     python benchmarks/haystack_overhead.py --part documents
+    python benchmarks/haystack_overhead.py --part copies --phase store --embedder minilm
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import sys
 from collections.abc import Callable
@@ -26,8 +30,10 @@ from typing import Any
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
 
+from haystack import Document
 from haystack.core.pipeline.base import PipelineBase
 
+import haystack_osa_memory.pipeline_inputs as pipeline_inputs
 from benchmarks.workload import two_ways, two_ways_main
 from haystack_osa_memory import Memory
 from haystack_osa_memory.components.fact_document import FactDocument
@@ -44,8 +50,12 @@ def _replaced(self: FactDocument, content: str) -> FactDocument:
     return dataclasses.replace(self, content=content)
 
 
-#: Each part's attributes switched between the ways: (class, attribute, Haystack's way, the package's way).
-PARTS: dict[str, list[tuple[type, str, Any, Any]]] = {
+def _deep_copied(doc: Document) -> Document:
+    return copy.deepcopy(doc)
+
+
+#: Each part's attributes switched between the ways: (class or module, attribute, Haystack's way, the package's way).
+PARTS: dict[str, list[tuple[Any, str, Any, Any]]] = {
     "spans": [
         (PipelineBase, "_create_component_span", staticmethod(_HAYSTACK_SPAN), staticmethod(lean_component_span)),
     ],
@@ -53,6 +63,7 @@ PARTS: dict[str, list[tuple[type, str, Any, Any]]] = {
         (FactDocument, "of", classmethod(_constructed), FactDocument.__dict__["of"]),
         (FactDocument, "with_content", _replaced, FactDocument.__dict__["with_content"]),
     ],
+    "copies": [(pipeline_inputs, "copy_document", _deep_copied, pipeline_inputs.copy_document)],
 }
 
 

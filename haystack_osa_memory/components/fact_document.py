@@ -26,13 +26,15 @@ _IMMUTABLE = (str, int, float, bool, type(None), bytes, datetime, date)
 _ATOMS = frozenset(_IMMUTABLE)
 
 
-def _copy_meta(value: Any, memo: dict[int, Any]) -> Any:
+def copy_meta(value: Any, memo: dict[int, Any]) -> Any:
+    """``copy.deepcopy(value, memo)`` for a document's metadata: dicts and lists copied, immutable values kept
+    (without a call each), anything else through `copy.deepcopy`."""
     # Atoms inside a dict or list are taken as they are without a call each: most of a fact's metadata.
     kind = type(value)
     if kind is dict:
-        return {k: v if type(v) in _ATOMS else _copy_meta(v, memo) for k, v in value.items()}
+        return {k: v if type(v) in _ATOMS else copy_meta(v, memo) for k, v in value.items()}
     if kind is list:
-        return [v if type(v) in _ATOMS else _copy_meta(v, memo) for v in value]
+        return [v if type(v) in _ATOMS else copy_meta(v, memo) for v in value]
     if isinstance(value, _IMMUTABLE):
         return value
     return copy.deepcopy(value, memo)
@@ -73,7 +75,7 @@ class FactDocument(Document):
     def __deepcopy__(self, memo: dict[int, Any]) -> FactDocument:
         new = object.__new__(type(self))
         state = dict(self.__dict__)
-        state["meta"] = _copy_meta(self.meta, memo)
+        state["meta"] = copy_meta(self.meta, memo)
         if self.embedding is not None:
             state["embedding"] = list(self.embedding)
         if self.blob is not None or self.sparse_embedding is not None:

@@ -119,3 +119,56 @@ def test_another_replacement_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> N
     assert use_lean_input_copies() is False
     assert pipeline_module._deepcopy_with_exceptions is theirs
     assert pipeline_base._deepcopy_with_exceptions is haystack_copy
+
+
+def documents() -> list[Document]:
+    from datetime import UTC, datetime
+
+    from haystack.dataclasses import ByteStream, SparseEmbedding
+
+    when = datetime(2026, 12, 5, tzinfo=UTC)
+    return [
+        Document(content="plain"),
+        Document(content="fact", meta={"at": when, "tags": ["a", {"b": [1.5]}]}, score=0.25, embedding=[0.5, -1.0]),
+        Document(content="vector of numpy floats", embedding=list(np.arange(3, dtype=np.float32))),  # not floats
+        Document(
+            blob=ByteStream(data=b"\x00\x01", meta={"k": ["v"]}, mime_type="application/octet-stream"),
+            sparse_embedding=SparseEmbedding(indices=[1, 4], values=[0.5, 0.25]),
+            meta={"n": 1},
+        ),
+    ]
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_a_document_is_copied_as_deepcopy_copies_it(index: int) -> None:
+    import copy
+
+    original = documents()[index]
+    ours, theirs = copy_component_inputs(original), copy.deepcopy(original)
+    assert type(ours) is Document
+    assert ours == theirs == original
+    assert ours.__dict__.keys() == theirs.__dict__.keys()
+    for name, value in ours.__dict__.items():
+        assert type(value) is type(theirs.__dict__[name]), name
+        if isinstance(value, dict | list) or hasattr(value, "__dataclass_fields__"):
+            assert value is not original.__dict__[name], name  # a copy, as deepcopy makes one
+    if original.embedding is not None:
+        assert [type(v) for v in ours.embedding or []] == [type(v) for v in original.embedding]
+
+
+def test_a_copied_document_is_deep() -> None:
+    original = documents()[1]
+    copied = copy_component_inputs(original)
+    copied.meta["tags"][1]["b"].append(2.5)
+    assert copied.embedding is not None
+    copied.embedding[0] = 9.0
+    assert original.meta["tags"] == ["a", {"b": [1.5]}]
+    assert original.embedding == [0.5, -1.0]
+
+
+def test_a_document_holding_what_cannot_be_copied_is_kept_as_haystack_keeps_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    original = Document(content="odd", meta={"lock": threading.Lock()})
+    with caplog.at_level(logging.INFO):
+        assert copy_component_inputs(original) is haystack_copy(original) is original
