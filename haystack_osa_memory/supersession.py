@@ -132,7 +132,8 @@ def fact_words(text: str) -> FactWords:
 class Weights:
     """How much a word says about a fact's subject among some facts (a recall's or a search's results):
     ``log(1 + n / df)``, so that the words a template repeats across subjects ("port", "cluster") weigh
-    little and a subject's own words ("billing", "swift") weigh much."""
+    little and a subject's own words ("billing", "swift") weigh much. Read-only once built: each word's
+    weight is remembered the first time it is asked for."""
 
     def __init__(self, texts: Iterable[str]) -> None:
         self.df: Counter[str] = Counter()
@@ -140,9 +141,14 @@ class Weights:
         for text in texts:
             self.df.update(fact_words(text).tokens)
             self.n += 1
+        # Each word's weight worked out once: a store's search asks for ~200 weights of a few dozen words.
+        self._known: dict[str, float] = {}
 
     def __call__(self, word: str) -> float:
-        return math.log(1 + max(self.n, 2) / max(self.df.get(word, 0), 1))
+        weight = self._known.get(word)
+        if weight is None:
+            weight = self._known[word] = math.log(1 + max(self.n, 2) / max(self.df.get(word, 0), 1))
+        return weight
 
 
 def similarity(

@@ -69,6 +69,19 @@ def test_weights_make_template_words_light() -> None:
     assert not value_changed(a, a)
 
 
+def test_a_weight_is_log_of_facts_over_their_document_frequency_every_time_it_is_asked() -> None:
+    import math
+
+    texts = ["The billing service listens on port 1.", "The search service listens on port 2.", "Port 3 is free."]
+    weights = Weights(texts)
+    assert weights.n == 3
+    for word, df in (("port", 3), ("bill", 1), ("service", 2), ("unseen", 0)):
+        assert weights.df.get(word, 0) == df
+        expected = math.log(1 + 3 / max(df, 1))
+        assert [weights(word), weights(word)] == [expected, expected]
+    assert Weights(["alone"])("alone") == math.log(1 + 2 / 1)  # n counts as at least 2
+
+
 NOW = datetime(2026, 3, 18, 12, tzinfo=UTC)  # a Wednesday
 
 
