@@ -26,18 +26,35 @@ _IMMUTABLE = (str, int, float, bool, type(None), bytes, datetime, date)
 _ATOMS = frozenset(_IMMUTABLE)
 
 
-def copy_meta(value: Any, memo: dict[int, Any]) -> Any:
+def _copy_meta(value: Any, memo: dict[int, Any]) -> Any:
     """``copy.deepcopy(value, memo)`` for a document's metadata: dicts and lists copied, immutable values kept
     (without a call each), anything else through `copy.deepcopy`."""
     # Atoms inside a dict or list are taken as they are without a call each: most of a fact's metadata.
     kind = type(value)
     if kind is dict:
-        return {k: v if type(v) in _ATOMS else copy_meta(v, memo) for k, v in value.items()}
+        return {k: v if type(v) in _ATOMS else _copy_meta(v, memo) for k, v in value.items()}
     if kind is list:
-        return [v if type(v) in _ATOMS else copy_meta(v, memo) for v in value]
+        return [v if type(v) in _ATOMS else _copy_meta(v, memo) for v in value]
     if isinstance(value, _IMMUTABLE):
         return value
     return copy.deepcopy(value, memo)
+
+
+def copied_state(doc: Document, memo: dict[int, Any]) -> dict[str, Any]:
+    """``doc``'s fields as ``copy.deepcopy(doc, memo)`` copies them, built directly: immutable values kept, the
+    metadata through `_copy_meta`, an embedding of floats as one new list (`copy.deepcopy` makes one call per float),
+    anything else through `copy.deepcopy`. Two references to one object inside are not kept as one."""
+    state = dict(doc.__dict__)
+    for name, value in state.items():
+        if type(value) in _ATOMS:  # the id, the text, the score, fields left empty
+            continue
+        if name == "meta":
+            state[name] = _copy_meta(value, memo)
+        elif name == "embedding" and type(value) is list and all(type(v) is float for v in value):
+            state[name] = list(value)
+        else:
+            state[name] = copy.deepcopy(value, memo)
+    return state
 
 
 class FactDocument(Document):
@@ -74,14 +91,7 @@ class FactDocument(Document):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> FactDocument:
         new = object.__new__(type(self))
-        state = dict(self.__dict__)
-        state["meta"] = copy_meta(self.meta, memo)
-        if self.embedding is not None:
-            state["embedding"] = list(self.embedding)
-        if self.blob is not None or self.sparse_embedding is not None:
-            state["blob"] = copy.deepcopy(self.blob, memo)
-            state["sparse_embedding"] = copy.deepcopy(self.sparse_embedding, memo)
-        new.__dict__.update(state)  # not through setattr: Document warns about mutation there
+        new.__dict__.update(copied_state(self, memo))  # not through setattr: Document warns about mutation there
         return new
 
     def __eq__(self, other: object) -> bool:
