@@ -27,7 +27,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Final
 
 #: Least `similarity` (shared words over all, weighed) of two facts for a probable succession.
@@ -60,9 +60,10 @@ class FactWords:
     values: frozenset[str]
     openers: frozenset[str] = frozenset()
 
-    @property
+    @cached_property
     def tokens(self) -> frozenset[str]:
-        """Content words and values together."""
+        """Content words and values together (worked out once: `fact_words` hands out one instance per text,
+        and a recall's conflict check asks for them a few hundred times)."""
         return self.content | self.values
 
 
@@ -129,6 +130,19 @@ def fact_words(text: str) -> FactWords:
     return FactWords(frozenset(content), frozenset(values), frozenset(openers))
 
 
+class _Known(dict[str, float]):
+    """Words' weights among some facts, each worked out the first time it is looked up."""
+
+    def __init__(self, weights: Weights) -> None:
+        super().__init__()
+        self.weights = weights
+
+    def __missing__(self, word: str) -> float:
+        w = self.weights
+        weight = self[word] = math.log(1 + max(w.n, 2) / max(w.df.get(word, 0), 1))
+        return weight
+
+
 class Weights:
     """How much a word says about a fact's subject among some facts (a recall's or a search's results):
     ``log(1 + n / df)``, so that the words a template repeats across subjects ("port", "cluster") weigh
@@ -141,14 +155,12 @@ class Weights:
         for text in texts:
             self.df.update(fact_words(text).tokens)
             self.n += 1
-        # Each word's weight worked out once: a store's search asks for ~200 weights of a few dozen words.
-        self._known: dict[str, float] = {}
+        # Each word's weight worked out once: a store's search asks for ~200 weights of a few dozen words,
+        # through a dict lookup (`lookup`) rather than a method call each.
+        self.lookup: Callable[[str], float] = _Known(self).__getitem__
 
     def __call__(self, word: str) -> float:
-        weight = self._known.get(word)
-        if weight is None:
-            weight = self._known[word] = math.log(1 + max(self.n, 2) / max(self.df.get(word, 0), 1))
-        return weight
+        return self.lookup(word)
 
 
 def similarity(
@@ -161,12 +173,17 @@ def similarity(
     """How much two facts share, from 0 to 1: the weight of the words and values they share over the weight
     of their content words and shared values (values that differ do not count against them: a succession
     changes a value). Unweighted without ``weight``; the words in ``ignore`` do not count."""
-    w = weight or (lambda _: 1.0)
     shared = (a.tokens & b.tokens) - ignore
-    total = sum(w(t) for t in (a.content | b.content | shared) - ignore)
+    counted = (a.content | b.content | shared) - ignore
+    if weight is None:
+        total: float = len(counted)
+        part: float = len(shared)
+    else:
+        w = weight.lookup if isinstance(weight, Weights) else weight
+        total, part = sum(map(w, counted)), sum(map(w, shared))
     if not total:
         return 1.0 if ignore else 0.0  # nothing beyond what is ignored: they say the same of it
-    return sum(w(t) for t in shared) / total
+    return part / total
 
 
 def probable_succession(

@@ -82,6 +82,28 @@ def test_a_weight_is_log_of_facts_over_their_document_frequency_every_time_it_is
     assert Weights(["alone"])("alone") == math.log(1 + 2 / 1)  # n counts as at least 2
 
 
+def test_similarity_through_the_weights_lookup_is_similarity_through_any_callable() -> None:
+    texts = [
+        "The billing service listens on port 8080.",
+        "The search service listens on port 9200.",
+        "Billing moved to port 8443 last week.",
+        "Engineer 4 owns the billing repository.",
+    ]
+    weights = Weights(texts)
+    words = [fact_words(t) for t in texts]
+    for a in words:
+        assert a.tokens == a.content | a.values
+        assert a.tokens is a.tokens  # worked out once per instance
+        for b in words:
+            for ignore in (frozenset(), frozenset({"bill"})):
+                as_callable = similarity(a, b, lambda w: weights(w), ignore=ignore)
+                assert similarity(a, b, weights, ignore=ignore) == as_callable
+                shared = (a.tokens & b.tokens) - ignore
+                counted = (a.content | b.content | shared) - ignore
+                unweighted = len(shared) / len(counted) if counted else (1.0 if ignore else 0.0)
+                assert similarity(a, b, ignore=ignore) == unweighted
+
+
 NOW = datetime(2026, 3, 18, 12, tzinfo=UTC)  # a Wednesday
 
 
