@@ -4,10 +4,13 @@ Usage::
 
     python benchmarks/load.py --clients 32 --assignments 16 --facts 200
     python benchmarks/load.py --sweep 1,4,16,32,64 --assignments 16 --facts 200 --plot load.png --json load.json
-    python benchmarks/load.py --driver wrk --connections 1,32 [--compare REV] [--profile DIR]
+    python benchmarks/load.py --driver wrk --connections 1,32 [--compare REV] [--profile DIR] [--store-calls N]
 
 ``--driver wrk`` drives the server with wrk instead (benchmarks/README.md); ``--profile DIR`` records the
-server with py-spy during each phase and prints where its Python time went (`benchmarks.profile_shares`).
+server with py-spy during each phase and prints where its Python time went (`benchmarks.profile_shares`);
+``--store-calls N`` ends each store phase after N stores, so that two servers compared side by side store the
+same facts (a store's search reads its whole scope, one fact bigger after every store: a faster server would
+otherwise be measured on bigger scopes).
 
 What it does, in one run:
 
@@ -65,6 +68,7 @@ from benchmarks.workload import fact_text, query_text, tag
 from benchmarks.wrk_driver import WrkResult, remove_worktree, run_wrk, worktree
 from haystack_osa_memory import Caller, Memory, MemoryConfig
 from haystack_osa_memory.store.schema import ensure_schema
+from haystack_osa_memory.store.sizing import count_facts
 from haystack_osa_memory.store.tokens import TokenStore
 from haystack_osa_memory.transfer import ImportItem
 
@@ -508,6 +512,22 @@ def fresh_config(conn_str: str, embedder: str) -> MemoryConfig:
     )
 
 
+def stored_facts(conn_str: str, config: MemoryConfig) -> int:
+    """Facts in the knowledge base of ``config`` (every store of the load's phases writes a new one)."""
+    return count_facts(conn_str, config)["facts"]
+
+
+def settled(sampler: RssSampler, idle_ms: float = 2.0, step_s: float = 0.1, timeout_s: float = 30.0) -> None:
+    """Return once the server has spent under ``idle_ms`` of CPU in ``step_s`` twice in a row: the calls in
+    flight when wrk stopped have been served (nothing is asked of the database meanwhile)."""
+    last, quiet, deadline = sampler.cpu(), 0, time.monotonic() + timeout_s
+    while quiet < 2 and time.monotonic() < deadline:
+        time.sleep(step_s)
+        now = sampler.cpu()
+        quiet = quiet + 1 if 1000 * RssSampler.spent(last, now, "server") < idle_ms else 0
+        last = now
+
+
 @dataclass
 class WrkPhase:
     server: str
@@ -523,6 +543,8 @@ class WrkPhase:
     profile_samples: int = 0
     #: Milliseconds of GIL samples per call (all processes): what the shares of `profile` divide.
     profile_ms_per_call: float = 0.0
+    #: With ``--store-calls``: the facts the server stored in the phase (what its CPU per call divides).
+    stored: int = 0
 
 
 def seed_with(
@@ -581,36 +603,50 @@ def run_wrk_phase(
     duration: float,
     conn_str: str,
     profile_dir: Path | None = None,
+    config: MemoryConfig | None = None,
+    calls: int = 0,
 ) -> WrkPhase:
+    """One wrk phase against one server. With ``calls`` (stores only, ``config`` naming the server's knowledge
+    base), it ends after that many stores, and its CPU per call divides by the facts the server stored: those
+    answered and those still in flight when wrk stopped (served before the CPU is read again, counted in the
+    database after)."""
     sampler = RssSampler(pid, postmaster_pid(conn_str))
     # Shorter than the phase by a second, so that it ends while wrk still drives the server.
     recorded_s = max(int(duration) - 1, 1)
     raw = None if profile_dir is None else profile_dir / f"{server.replace('/', '_')}_{phase}_{connections}.txt"
     recording = None if raw is None else start_recording(pid, recorded_s, raw)
+    counted = calls > 0 and phase == "store" and config is not None
+    facts_before = stored_facts(conn_str, config) if counted and config is not None else 0
     before = sampler.cpu()
-    result = run_wrk(url, tokens, [tag(a) for a in range(len(tokens))], phase, connections, duration)
+    result = run_wrk(
+        url, tokens, [tag(a) for a in range(len(tokens))], phase, connections, duration, calls if counted else 0
+    )
+    if counted:
+        settled(sampler)
     after = sampler.cpu()
+    stored = stored_facts(conn_str, config) - facts_before if counted and config is not None else 0
     shares, samples = None, 0
     if recording is not None and raw is not None:
         _, err = recording.communicate(timeout=60)
         if recording.returncode != 0 or not raw.exists():
             raise RuntimeError(f"py-spy failed ({recording.returncode}): {err.decode(errors='replace')[-2000:]}")
         shares, samples = file_shares(raw)
-    calls = max(result.requests, 1)
+    done_calls = max(stored if counted else result.requests, 1)
     pss, rss = memory_by_process(pid)
     return WrkPhase(
         server=server,
         phase=phase,
         connections=connections,
         result=result,
-        server_cpu_ms=round(1000 * RssSampler.spent(before, after, "server") / calls, 2),
-        postgres_cpu_ms=round(1000 * RssSampler.spent(before, after, "postgres") / calls, 2),
+        server_cpu_ms=round(1000 * RssSampler.spent(before, after, "server") / done_calls, 2),
+        postgres_cpu_ms=round(1000 * RssSampler.spent(before, after, "postgres") / done_calls, 2),
         pss_mib=pss,
         rss_mib=rss,
         profile=shares,
         profile_samples=samples,
         # each process is sampled `RATE` times a second while it holds its interpreter lock
         profile_ms_per_call=round(samples / RATE * 1000 / max(result.per_second * recorded_s, 1e-9), 3),
+        stored=stored,
     )
 
 
@@ -689,14 +725,26 @@ def main_wrk(args: argparse.Namespace, report: Report) -> list[WrkPhase]:
                 running = []
                 for label, path, config, tokens in seeded:
                     url, pid = stack.enter_context(serve(config, conn_str, args.workers, args.embedder, path))
-                    running.append((label, url, pid, tokens))
+                    running.append((label, url, pid, tokens, config))
                 for phase in phases:
                     for conns in connections:
-                        for label, url, pid, tokens in running:  # side by side: one server, then the other
-                            console.print(f"{label}: {phase}, {conns} connections for {args.duration:.0f} s ...")
+                        for label, url, pid, tokens, config in running:  # side by side: one server, then the other
+                            counted = phase == "store" and args.store_calls > 0
+                            until = f"{args.store_calls} stores or " if counted else ""
+                            console.print(f"{label}: {phase}, {conns} connections for {until}{args.duration:.0f} s ...")
                             rows.append(
                                 run_wrk_phase(
-                                    label, url, pid, tokens, phase, conns, args.duration, conn_str, args.profile
+                                    label,
+                                    url,
+                                    pid,
+                                    tokens,
+                                    phase,
+                                    conns,
+                                    args.duration,
+                                    conn_str,
+                                    args.profile,
+                                    config=config,
+                                    calls=args.store_calls,
                                 )
                             )
     finally:
@@ -752,7 +800,18 @@ def main(argv: list[str] | None = None) -> Report:
         help="Record the server with py-spy during each phase (raw files in DIR) and print where its time went "
         "(--driver wrk).",
     )
+    parser.add_argument(
+        "--store-calls",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Each store phase ends after N stores (or --duration seconds, whichever comes first), so that "
+        "servers compared side by side store the same facts: a store's search reads its scope, which each "
+        "store makes one fact bigger (--driver wrk; default 0: --duration alone).",
+    )
     args = parser.parse_args(argv)
+    if args.store_calls < 0:
+        parser.error("--store-calls must be 0 (off) or a number of stores")
     if min(args.clients, args.assignments, args.client_processes) < 1 or args.facts < 0 or args.duration <= 0:
         parser.error("--clients, --assignments and --client-processes must be >= 1, --facts >= 0, --duration > 0")
     counts = [int(c) for c in args.sweep.split(",")] if args.sweep else [args.clients]

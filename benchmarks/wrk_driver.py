@@ -5,7 +5,8 @@ JSON-RPC ``tools/call`` requests to ``osa-memory serve`` in stateless streamable
 The Lua script picks an assignment per request, sends its token and a query naming the assignment's tag
 word, and puts the assignment in the JSON-RPC ``id`` (the answer echoes it): an answer holding another
 assignment's tag word is a cross-scope answer. Tool errors (``isError``), HTTP errors and socket errors
-count as errors. wrk's own percentiles (``--latency``) give p50/p90/p99.
+count as errors. wrk's own percentiles (``--latency``) give p50/p90/p99. A run may stop after a number of calls
+(``run_wrk(..., calls=N)``): each wrk thread stops after its share and wrk is told to end (SIGINT) once all have.
 
 Side by side: ``--compare REV`` serves a checkout of REV (a git worktree; ``PYTHONPATH`` puts its package
 first) beside the current code, seeded alike, and each phase runs on one server then the other.
@@ -17,8 +18,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,10 +38,11 @@ local subjects = {"staging", "billing", "search", "ingest", "auth", "reports", "
                   "ledger"}
 local things = {"VPN profile", "cache bucket", "deploy window", "feature flag", "runbook", "on-call rota", "db replica"}
 local verbs = {"uses", "needs", "moved to", "depends on", "is pinned to", "was switched to"}
+local limit = {LIMIT}  -- calls per thread, then it stops (0: until the duration ends)
 local threads = {}
-local counter = 0
 thread_id = 0  -- set per thread by setup() (a global: thread:set writes globals)
 calls, errors, cross, http_errors = 0, 0, 0, 0
+sent = 0  -- requests sent (a stopped thread leaves those in flight unanswered)
 
 function setup(thread)
   thread:set("thread_id", #threads + 1)
@@ -52,7 +56,8 @@ end
 local function pick(list) return list[math.random(#list)] end
 
 function request()
-  counter = counter + 1
+  sent = sent + 1
+  local counter = sent
   local a = math.random(#tokens)
   local id = a * 100000000 + thread_id * 1000000 + counter
   local arguments
@@ -75,7 +80,15 @@ function request()
 end
 
 function response(status, headers, body)
+  if limit > 0 and calls >= limit then
+    return  -- in flight when the thread stopped, answered in the same turn of its loop: not counted
+  end
   calls = calls + 1
+  if limit > 0 and calls == limit then
+    wrk.thread:stop()  -- this thread sends nothing more; wrk itself runs on until told to stop (SIGINT)
+    io.write("WRK_THREAD_DONE\n")
+    io.flush()
+  end
   if status ~= 200 then
     http_errors = http_errors + 1
     return
@@ -99,9 +112,10 @@ function response(status, headers, body)
 end
 
 function done(summary, latency, requests)
-  local c, e, x, h = 0, 0, 0, 0
+  local c, e, x, h, s = 0, 0, 0, 0, 0
   for _, t in ipairs(threads) do
     c = c + t:get("calls")
+    s = s + t:get("sent")
     e = e + t:get("errors")
     x = x + t:get("cross")
     h = h + t:get("http_errors")
@@ -109,10 +123,10 @@ function done(summary, latency, requests)
   io.write("WRK_JSON ")
   io.write(string.format(
     '{"requests": %d, "duration_us": %d, "socket_errors": %d, "calls": %d, "tool_errors": %d, "cross_scope": %d, ' ..
-    '"http_errors": %d, "p50_us": %d, "p90_us": %d, "p99_us": %d, "mean_us": %d}\n',
+    '"http_errors": %d, "p50_us": %d, "p90_us": %d, "p99_us": %d, "mean_us": %d, "sent": %d}\n',
     summary.requests, summary.duration,
     summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
-    c, e, x, h, latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.mean))
+    c, e, x, h, latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.mean, s))
 end
 """
 
@@ -134,11 +148,14 @@ def ensure_wrk() -> str:
     return found
 
 
-def lua_script(tokens: list[str], tags: list[str], phase: str) -> str:
+def lua_script(tokens: list[str], tags: list[str], phase: str, limit: int = 0) -> str:
+    """The script for ``phase``; with ``limit``, each wrk thread stops after that many answers."""
+
     def lua_list(values: list[str]) -> str:
         return "{" + ", ".join(json.dumps(v) for v in values) + "}"
 
-    return LUA.replace("{TOKENS}", lua_list(tokens)).replace("{TAGS}", lua_list(tags)).replace("{PHASE}", phase)
+    script = LUA.replace("{TOKENS}", lua_list(tokens)).replace("{TAGS}", lua_list(tags)).replace("{PHASE}", phase)
+    return script.replace("{LIMIT}", str(int(limit)))
 
 
 @dataclass
@@ -150,21 +167,45 @@ class WrkResult:
     errors: int
     cross_scope: int
     detail: dict[str, Any] = field(default_factory=dict)
+    #: Requests sent: the answered ones and, when the run stopped at a number of calls, those still in flight.
+    sent: int = 0
 
 
-def run_wrk(url: str, tokens: list[str], tags: list[str], phase: str, connections: int, duration: float) -> WrkResult:
-    """One wrk run; the answer counts come from the script's ``done`` (every thread's counters)."""
+def run_wrk(
+    url: str, tokens: list[str], tags: list[str], phase: str, connections: int, duration: float, calls: int = 0
+) -> WrkResult:
+    """One wrk run; the answer counts come from the script's ``done`` (every thread's counters). With
+    ``calls``, it stops once that many are answered (each wrk thread its share), or after ``duration``
+    seconds, whichever comes first."""
     binary = ensure_wrk()
+    threads = max(1, min(THREADS, connections))
     with tempfile.TemporaryDirectory(prefix="osa-wrk-") as tmp:
         script = Path(tmp) / "load.lua"
-        script.write_text(lua_script(tokens, tags, phase))
-        threads = max(1, min(THREADS, connections))
+        script.write_text(lua_script(tokens, tags, phase, -(-calls // threads) if calls else 0))
         command = [binary, f"-t{threads}", f"-c{connections}", f"-d{duration:.0f}s", "--timeout", "30s"]
         command += ["--latency", "-s", str(script), url]
-        done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=duration + 120)
-    match = re.search(r"^WRK_JSON (\{.*\})$", done.stdout, re.MULTILINE)
-    if done.returncode != 0 or match is None:
-        raise RuntimeError(f"wrk failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as wrk:
+            watchdog = threading.Timer(duration + 120, wrk.kill)
+            watchdog.start()
+            try:
+                lines, finished = [], 0
+                assert wrk.stdout is not None
+                assert wrk.stderr is not None
+                for line in wrk.stdout:
+                    lines.append(line)
+                    finished += line.strip() == "WRK_THREAD_DONE"
+                    if calls and finished == threads:
+                        # wrk sleeps out its duration even when every thread has stopped; SIGINT ends the run
+                        # there, and it prints its summary (the duration it reports ends here too).
+                        wrk.send_signal(signal.SIGINT)
+                        finished = -1
+                stdout, stderr = "".join(lines), wrk.stderr.read()
+                returncode = wrk.wait()
+            finally:
+                watchdog.cancel()
+    match = re.search(r"^WRK_JSON (\{.*\})$", stdout, re.MULTILINE)
+    if returncode != 0 or match is None:
+        raise RuntimeError(f"wrk failed ({returncode}):\n{stdout}\n{stderr}")
     data = json.loads(match.group(1))
     seconds = data["duration_us"] / 1e6
     errors = data["socket_errors"] + data["tool_errors"] + data["http_errors"]
@@ -176,6 +217,7 @@ def run_wrk(url: str, tokens: list[str], tags: list[str], phase: str, connection
         errors=errors,
         cross_scope=data["cross_scope"],
         detail=data,
+        sent=data["sent"],
     )
 
 

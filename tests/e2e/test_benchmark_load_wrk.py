@@ -8,8 +8,10 @@ figure the benchmark prints must be there and plausible.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -77,6 +79,31 @@ def test_wrk_driver_sees_leaks_and_errors(
         assert result.cross_scope == result.requests
 
 
+@pytest.mark.parametrize(("connections", "calls"), [(1, 57), (4, 100), (32, 301)])
+def test_wrk_driver_stops_after_a_number_of_calls(
+    answers: tuple[str, type[Answers]], connections: int, calls: int
+) -> None:
+    url, handler = answers
+    seen: list[int] = []
+    served = handler.do_POST
+
+    def counting(self: Answers) -> None:
+        seen.append(1)
+        with contextlib.suppress(OSError):  # wrk hangs up on the calls still in flight when it stops
+            served(self)
+
+    handler.do_POST = counting  # type: ignore[method-assign]
+    started = time.monotonic()
+    result = run_wrk(url, ["token-a", "token-b"], ["zq000tag", "zq001tag"], "store", connections, 60, calls)
+    assert time.monotonic() - started < 30  # ended by the count, not by the 60 s
+    threads = min(2, connections)
+    assert result.requests == -(-calls // threads) * threads  # each wrk thread answered its share
+    assert result.errors == result.cross_scope == 0
+    time.sleep(0.5)
+    assert result.requests <= len(seen) <= result.requests + connections  # and at most one more per connection
+    assert result.sent >= len(seen)
+
+
 def test_load_benchmark_wrk_smoke(pg_conn_str: str, tmp_path: Path) -> None:
     out = tmp_path / "load.json"
     args = [
@@ -87,6 +114,7 @@ def test_load_benchmark_wrk_smoke(pg_conn_str: str, tmp_path: Path) -> None:
         "--duration", "3",
         "--workers", "2",
         "--embedder", "none",
+        "--store-calls", "40",
         "--json", str(out),
     ]  # fmt: skip
     done = run_benchmark(HARNESS, args, pg_conn_str)
@@ -110,6 +138,13 @@ def test_load_benchmark_wrk_smoke(pg_conn_str: str, tmp_path: Path) -> None:
         assert sum(v > 100 for v in r["pss_mib"].values()) >= 2, r
         assert r["rss_mib"].keys() == r["pss_mib"].keys(), r
         assert all(r["rss_mib"][k] >= r["pss_mib"][k] > 0 for k in r["pss_mib"]), r
+        if r["phase"] == "store":
+            # 40 stores (or 3 s, whichever first), each one a fact counted in the database, the answered ones
+            # and those in flight when wrk stopped
+            assert result["requests"] <= 40 or result["seconds"] >= 2.5, r
+            assert result["requests"] <= r["stored"] <= result["requests"] + r["connections"], r
+        else:
+            assert r["stored"] == 0, r
     assert "PSS MiB per process" in done.stdout
     assert "RSS: {" in done.stdout
     assert "calls/s" in done.stdout
