@@ -2,10 +2,15 @@
 
 Tools never take the scope as an argument: the MCP host verifies the bearer token, then runs the
 tool inside :func:`caller_scope`; a tool that finds no caller there refuses to run (fail closed).
+
+The token check of a served call also reads whether a kill switch has turned the token's scope off
+(`SwitchReading`, one statement for both); the host runs the tool inside :func:`switch_reading_scope`, and
+the tool uses that reading instead of asking the database again (`switch_read_for`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -71,3 +76,46 @@ def caller_scope(caller: Caller) -> Iterator[Caller]:
         yield caller
     finally:
         _current.reset(token)
+
+
+#: A switch reading is used only this long after it was taken: the token check and the tool run of one request
+#: are milliseconds apart; a call that waited longer (queued behind others) asks the database itself.
+SWITCH_READING_MAX_AGE_S = 1.0
+
+
+@dataclass(frozen=True)
+class SwitchReading:
+    """Whether a kill switch had turned a scope off, read with the request's token (`TokenStore.verify_call`),
+    and when (``time.monotonic()``)."""
+
+    org_id: str
+    assignment_id: str
+    off: bool
+    at: float
+
+
+_switch: ContextVar[SwitchReading | None] = ContextVar("osa_memory_switch_reading", default=None)
+
+
+@contextmanager
+def switch_reading_scope(reading: SwitchReading | None) -> Iterator[None]:
+    """Run a block with the kill-switch reading of its request's token check (the server's auth layer)."""
+    token = _switch.set(reading)
+    try:
+        yield
+    finally:
+        _switch.reset(token)
+
+
+def switch_read_for(caller: Caller) -> bool | None:
+    """Whether ``caller``'s scope is switched off, as this request's token check read it; ``None`` (ask the
+    database) when there is no reading, it is of another scope (a granted assignment other than the token's
+    own), or it is older than `SWITCH_READING_MAX_AGE_S`."""
+    reading = _switch.get()
+    if (
+        reading is None
+        or (reading.org_id, reading.assignment_id) != (caller.org_id, caller.assignment_id)
+        or not 0 <= time.monotonic() - reading.at <= SWITCH_READING_MAX_AGE_S
+    ):
+        return None
+    return reading.off

@@ -14,7 +14,7 @@ from haystack import Document, Pipeline
 from haystack.core.errors import PipelineRuntimeError
 
 from haystack_osa_memory.builders import build_customer_search_pipeline, build_recall_pipeline, build_store_pipeline
-from haystack_osa_memory.caller import Caller
+from haystack_osa_memory.caller import Caller, switch_read_for
 from haystack_osa_memory.components.supersession_judge import SupersessionJudge
 from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.embedders import build_embedders
@@ -258,11 +258,14 @@ class Memory:
             raise MemoryOffError()
         self.warm_up()
         assert self.lifecycle is not None
-        try:
-            off = self.lifecycle.is_off(caller.org_id, caller.assignment_id)
-        except DatabaseError as e:
-            self._refuse_if_known_off(caller, e)
-            raise
+        # Read with this request's token when served (`caller.switch_read_for`), else asked here.
+        off = switch_read_for(caller)
+        if off is None:
+            try:
+                off = self.lifecycle.is_off(caller.org_id, caller.assignment_id)
+            except DatabaseError as e:
+                self._refuse_if_known_off(caller, e)
+                raise
         self.offline.switches.note(caller, off)
         if off:
             raise MemoryOffError()

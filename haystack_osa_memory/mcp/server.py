@@ -36,7 +36,7 @@ from urllib.parse import quote, unquote
 from cachetools import TTLCache
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from haystack_osa_memory.caller import Caller, caller_scope
+from haystack_osa_memory.caller import Caller, SwitchReading, caller_scope, switch_reading_scope
 from haystack_osa_memory.errors import AuthenticationError, DatabaseError, InvalidInputError, OsaMemoryError
 from haystack_osa_memory.mcp.call_slots import CallSlots
 from haystack_osa_memory.privacy.redaction import JWT, PASSWORD, PRIVATE_KEY, SECRET, redact
@@ -360,10 +360,10 @@ class CachingVerifier:
         """Seconds a verified token is accepted while the database is unreachable."""
         return float(self._cache.ttl)
 
-    def _check(self, token: str) -> tuple[Caller, datetime | None]:
+    def _check(self, token: str) -> tuple[Caller, datetime | None, SwitchReading | None]:
         if self.tokens is not None:
-            return self.tokens.verify_with_expiry(token)
-        return self.verify(token), None
+            return self.tokens.verify_call(token)
+        return self.verify(token), None, None
 
     def _database_away(self) -> bool:
         """Whether the database is really unreachable (a direct connection, not the pool)."""
@@ -384,9 +384,15 @@ class CachingVerifier:
                 logger.warning("the database answers again: every cached token is verified again before use")
 
     def __call__(self, token: str) -> Caller:
+        return self.verify_call(token)[0]
+
+    def verify_call(self, token: str) -> tuple[Caller, SwitchReading | None]:
+        """The caller, and whether a kill switch has turned its scope off as the database said in the same
+        statement (`TokenStore.verify_call`); no reading when the caller came from the cache, or when built
+        on a plain verifier (the tool then asks the database itself)."""
         key = hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
         try:
-            caller, expires_at = self._check(token)
+            caller, expires_at, reading = self._check(token)
         except AuthenticationError:
             with self._lock:
                 self._cache.pop(key, None)
@@ -408,11 +414,11 @@ class CachingVerifier:
             with self._lock:
                 self._outage = True
             logger.warning("database unreachable: accepting a token verified %.0f s ago", self._timer() - hit[1])
-            return hit[0]
+            return hit[0], None
         self._database_back()
         with self._lock:
             self._cache[key] = (caller, self._timer(), expires_at)
-        return caller
+        return caller, reading
 
 
 #: Deepest nesting of arrays and objects a request may have (a tool call needs 4; a batch one more).
@@ -612,8 +618,13 @@ class BearerAuthMiddleware:
                 send, 401, {"error": "missing bearer token: send 'Authorization: Bearer <token>'"}, challenge
             )
             return
+        verify_call = getattr(self.verify, "verify_call", None)
         try:
-            caller = await self.slots.run(self.verify, token.strip())
+            if callable(verify_call):
+                # The token and its scope's kill switch in one statement (`CachingVerifier.verify_call`).
+                caller, reading = await self.slots.run(verify_call, token.strip())
+            else:
+                caller, reading = await self.slots.run(self.verify, token.strip()), None
         except AuthenticationError as e:
             await _respond(send, 401, {"error": str(e)}, challenge)
             return
@@ -633,12 +644,12 @@ class BearerAuthMiddleware:
                 await _respond(send, 400, parse_error(problem))
                 return
             if self.direct is not None and self.direct.takes(headers):
-                with caller_scope(caller):
+                with caller_scope(caller), switch_reading_scope(reading):
                     answer = await self.direct.answer(body)
                 if answer is not None:
                     await _respond_json(send, answer)
                     return
-        with caller_scope(caller):
+        with caller_scope(caller), switch_reading_scope(reading):
             await self.app(scope, receive, send)
 
 

@@ -168,10 +168,14 @@ SWITCH_OFF = sql.SQL(
     updated_at = EXCLUDED.updated_at"""
 )
 SWITCH_ON = sql.SQL("DELETE FROM {mem}.switches WHERE org_id = %s AND assignment_id = %s")
-IS_OFF = sql.SQL(
-    """SELECT EXISTS (SELECT 1 FROM {mem}.switches WHERE NOT enabled
-    AND (org_id = %(org_id)s OR org_id = '*') AND (assignment_id = %(assignment_id)s OR assignment_id = '*'))"""
+# Whether a kill switch has turned the scope ({org}, {assignment}) off: a switch naming it, its org (assignment
+# '*') or every org ('*'). `IS_OFF` asks it of one scope; an agent's token check asks it of its token's scope in
+# the same statement (`tokens.SELECT_TOKEN_AND_SWITCH`), so a served call needs no round trip for it.
+SWITCHED_OFF = sql.SQL(
+    """EXISTS (SELECT 1 FROM {mem}.switches s WHERE NOT s.enabled
+    AND (s.org_id = {org} OR s.org_id = '*') AND (s.assignment_id = {assignment} OR s.assignment_id = '*'))"""
 )
+IS_OFF = sql.SQL("SELECT {switched_off}")
 LIST_SWITCHES = sql.SQL("SELECT org_id, assignment_id, reason, updated_at FROM {mem}.switches ORDER BY 1, 2")
 AUDIT_ROWS = sql.SQL(
     """SELECT id, at, actor, action, org_id, assignment_id, document_id, details FROM {mem}.audit
@@ -325,7 +329,6 @@ _STATEMENTS: dict[str, sql.SQL] = {
     "LOCK_FOR_REVIEW": LOCK_FOR_REVIEW,
     "SWITCH_OFF": SWITCH_OFF,
     "SWITCH_ON": SWITCH_ON,
-    "IS_OFF": IS_OFF,
     "LIST_SWITCHES": LIST_SWITCHES,
     "AUDIT_ROWS": AUDIT_ROWS,
     "INSERT_AUDIT": INSERT_AUDIT,
@@ -417,6 +420,8 @@ class LifecycleRepository:
         names = {**config.sql_names(), "scoped": _SCOPED}
         # Rendered once (`database.rendered`): the kill-switch check runs on every call.
         self._q = {name: rendered(statement.format(**names)) for name, statement in _STATEMENTS.items()}
+        scope = {"org": sql.Placeholder("org_id"), "assignment": sql.Placeholder("assignment_id")}
+        self._q["IS_OFF"] = rendered(IS_OFF.format(switched_off=SWITCHED_OFF.format(mem=names["mem"], **scope)))
         self._q["INHERIT_TERMS"] = rendered(
             INHERIT_TERMS.format(
                 **config.sql_names(),

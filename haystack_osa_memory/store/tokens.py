@@ -12,6 +12,7 @@ import hmac
 import json
 import re
 import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -19,13 +20,14 @@ from typing import Any
 
 from psycopg import sql
 
-from haystack_osa_memory.caller import Caller
+from haystack_osa_memory.caller import Caller, SwitchReading
 from haystack_osa_memory.config import MemoryConfig
 from haystack_osa_memory.errors import AuthenticationError, InvalidInputError
 from haystack_osa_memory.markers import check_identifier
 from haystack_osa_memory.privacy.gate import redact_optional
 from haystack_osa_memory.store.database import read, rendered, transaction
 from haystack_osa_memory.store.facts import INSERT_AUDIT
+from haystack_osa_memory.store.lifecycle import SWITCHED_OFF
 
 TOKEN_PREFIX = "osam_"  # noqa: S105 - a public prefix, not a secret
 _TOKEN = re.compile(r"^osam_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$")
@@ -48,6 +50,12 @@ INSERT_TOKEN = sql.SQL(
 SELECT_TOKEN = sql.SQL(
     """SELECT secret_sha256, org_id, assignment_id, specialist_id, expires_at, revoked_at, assignment_ids,
     role, display_name FROM {schema}.tokens WHERE token_id = %s"""
+)
+# The same row, and whether a kill switch has turned the token's scope off (`lifecycle.SWITCHED_OFF`): a served
+# call's token check and switch check in one statement (`TokenStore.verify_call`).
+SELECT_TOKEN_AND_SWITCH = sql.SQL(
+    """SELECT t.secret_sha256, t.org_id, t.assignment_id, t.specialist_id, t.expires_at, t.revoked_at,
+    t.assignment_ids, t.role, t.display_name, {switched_off} FROM {schema}.tokens t WHERE t.token_id = %s"""
 )
 REVOKE_TOKEN = sql.SQL(
     """UPDATE {schema}.tokens SET revoked_at = coalesce(revoked_at, now()) WHERE token_id = %s
@@ -178,6 +186,10 @@ class TokenStore:
         self._insert = INSERT_TOKEN.format(schema=schema)
         # Rendered once (`database.rendered`): every call's token is checked with it.
         self._select = rendered(SELECT_TOKEN.format(schema=schema))
+        token_scope = {"org": sql.SQL("t.org_id"), "assignment": sql.SQL("t.assignment_id")}
+        self._select_with_switch = rendered(
+            SELECT_TOKEN_AND_SWITCH.format(schema=schema, switched_off=SWITCHED_OFF.format(mem=schema, **token_scope))
+        )
         self._revoke = REVOKE_TOKEN.format(schema=schema)
         self._active = TOKEN_ACTIVE.format(schema=schema)
         self._list = LIST_TOKENS.format(schema=schema)
@@ -248,8 +260,9 @@ class TokenStore:
             expires_at=expires_at,
         )
 
-    def _row(self, token: str) -> tuple[str, tuple[Any, ...]]:
-        """The verified row of a live token (secret compared in constant time).
+    def _row(self, token: str, statement: bytes | None = None) -> tuple[str, tuple[Any, ...]]:
+        """The verified row of a live token (secret compared in constant time), read with ``statement``
+        (`SELECT_TOKEN` by default; its columns first).
 
         Raises:
             AuthenticationError: malformed, unknown, wrong secret, expired or revoked (one message for all).
@@ -260,7 +273,7 @@ class TokenStore:
             raise denied
         token_id, secret = match.groups()
         with read(self.conn_str, self.config) as conn:  # one statement: no BEGIN/COMMIT round trips
-            row = conn.execute(self._select, (token_id,)).fetchone()
+            row = conn.execute(statement or self._select, (token_id,)).fetchone()
         if row is None:
             # Same work as a known id, so timing does not tell which ids exist.
             hmac.compare_digest(_digest(secret), _digest(secret[::-1]))
@@ -284,8 +297,19 @@ class TokenStore:
     def verify_with_expiry(self, token: str) -> tuple[Caller, datetime | None]:
         """`verify`, and when the token expires (``None``: never): a cache of verified tokens must not
         serve one past its expiry, even while the database cannot be asked."""
-        token_id, row = self._row(token)
-        _, org_id, assignment_id, specialist_id, expires_at, _, grants, role, _ = row
+        return self._agent(*self._row(token))
+
+    def verify_call(self, token: str) -> tuple[Caller, datetime | None, SwitchReading]:
+        """`verify_with_expiry`, and whether a kill switch has turned the caller's scope off, read in the same
+        statement (`SELECT_TOKEN_AND_SWITCH`): what a served call's tool then uses (`caller.switch_read_for`)."""
+        token_id, row = self._row(token, self._select_with_switch)
+        caller, expires_at = self._agent(token_id, row)
+        return caller, expires_at, SwitchReading(caller.org_id, caller.assignment_id, bool(row[9]), time.monotonic())
+
+    @staticmethod
+    def _agent(token_id: str, row: tuple[Any, ...]) -> tuple[Caller, datetime | None]:
+        """The caller of an agent's verified token row, and when it expires."""
+        _, org_id, assignment_id, specialist_id, expires_at, _, grants, role, _ = row[:9]
         if (role or AGENT) != AGENT or assignment_id is None:
             raise AuthenticationError("invalid, expired or revoked token")
         caller = Caller(

@@ -160,10 +160,14 @@ def test_the_token_cache_never_serves_an_expired_token(outage_db: OutageDb) -> N
     lasting = tokens.create(org_id="acme", assignment_id="asg-one")
     expiring = tokens.create(org_id="acme", assignment_id="asg-one", expires_in=parse_duration("2s"))
     verify = CachingVerifier(tokens, grace_seconds=600)
-    verify(lasting.token)
+    _, reading = verify.verify_call(lasting.token)
+    assert reading is not None  # read with the token: the kill switch of its scope
+    assert not reading.off
     verify(expiring.token)
     outage_db.down()
     assert verify(expiring.token).token_id == expiring.token_id  # not expired yet: buffered stores go on
+    # from the cache: no switch reading (the tool asks for the switch itself, and the outage rules apply)
+    assert verify.verify_call(lasting.token) == (verify(lasting.token), None)
     time.sleep(2.2)
     with pytest.raises(AuthenticationError):
         verify(expiring.token)  # its expiry is known without the database

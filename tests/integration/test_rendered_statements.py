@@ -38,7 +38,7 @@ def test_rendered_is_what_psycopg_sends_on_a_connection(pg_conn_str: str, config
     # Every statement a store, a recall and a token check run is rendered, not composed again per call.
     lifecycle = LifecycleRepository(pg_conn_str, config)
     tokens = TokenStore(pg_conn_str, config)
-    held = [repo._write_fact, repo._inherit_terms, repo._big_rows, lifecycle._q["IS_OFF"], tokens._select]
+    held = [repo._write_fact, repo._inherit_terms, repo._big_rows, lifecycle._q["IS_OFF"], tokens._select_with_switch]
     assert all(isinstance(s, bytes) and s.isascii() for s in held)
 
 
