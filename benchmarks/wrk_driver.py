@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -49,8 +50,10 @@ function setup(thread)
   table.insert(threads, thread)
 end
 
+local run = "{RUN}"  -- one per run_wrk call: two runs within a second store different facts
+
 function init(args)
-  math.randomseed(os.time() + thread_id * 7919)
+  math.randomseed(os.time() + thread_id * 7919 + {RUN_SEED})
 end
 
 local function pick(list) return list[math.random(#list)] end
@@ -65,8 +68,8 @@ function request()
     arguments = string.format('{"query": "%s which %s does %s use?", "limit": 8}', tags[a], pick(things),
       pick(subjects))
   else
-    arguments = string.format('{"fact": "%s: %s %s %s value-%d (wrk %d-%d)"}', tags[a], pick(subjects), pick(things),
-      pick(verbs), math.random(1000000), thread_id, counter)
+    arguments = string.format('{"fact": "%s: %s %s %s value-%d (wrk %s-%d-%d)"}', tags[a], pick(subjects),
+      pick(things), pick(verbs), math.random(1000000), run, thread_id, counter)
   end
   local tool = phase == "recall" and "kb_memory_recall" or "kb_memory_store"
   local body = string.format(
@@ -155,7 +158,8 @@ def lua_script(tokens: list[str], tags: list[str], phase: str, limit: int = 0) -
         return "{" + ", ".join(json.dumps(v) for v in values) + "}"
 
     script = LUA.replace("{TOKENS}", lua_list(tokens)).replace("{TAGS}", lua_list(tags)).replace("{PHASE}", phase)
-    return script.replace("{LIMIT}", str(int(limit)))
+    run = secrets.randbelow(2**24)
+    return script.replace("{LIMIT}", str(int(limit))).replace("{RUN}", f"{run:06x}").replace("{RUN_SEED}", str(run))
 
 
 @dataclass

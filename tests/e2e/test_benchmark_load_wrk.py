@@ -9,6 +9,7 @@ figure the benchmark prints must be there and plausible.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import threading
 import time
@@ -102,6 +103,28 @@ def test_wrk_driver_stops_after_a_number_of_calls(
     time.sleep(0.5)
     assert result.requests <= len(seen) <= result.requests + connections  # and at most one more per connection
     assert result.sent >= len(seen)
+
+
+def test_two_runs_in_one_second_store_different_facts(answers: tuple[str, type[Answers]]) -> None:
+    """wrk seeds its random numbers with the time in seconds: two store phases started within one second must
+    still send different facts (a fact sent again is stored in place, and a count of stored facts misses it)."""
+    url, handler = answers
+    facts: list[str] = []
+    served = handler.do_POST
+
+    def recording(self: Answers) -> None:
+        length = int(self.headers["Content-Length"])
+        body = self.rfile.read(length)
+        facts.append(json.loads(body)["params"]["arguments"]["fact"])
+        self.rfile = io.BytesIO(body)  # type: ignore[assignment]
+        with contextlib.suppress(OSError):
+            served(self)
+
+    handler.do_POST = recording  # type: ignore[method-assign]
+    for _ in range(2):
+        run_wrk(url, ["token-a", "token-b"], ["zq000tag", "zq001tag"], "store", 1, 10, 20)
+    assert len(facts) >= 40
+    assert len(set(facts)) == len(facts)
 
 
 def test_load_benchmark_wrk_smoke(pg_conn_str: str, tmp_path: Path) -> None:
