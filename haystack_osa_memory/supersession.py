@@ -131,15 +131,17 @@ def fact_words(text: str) -> FactWords:
 
 
 class _Known(dict[str, float]):
-    """Words' weights among some facts, each worked out the first time it is looked up."""
+    """Words' weights among ``n`` facts whose words' document frequencies are ``df``, each worked out the first
+    time it is looked up. It holds those two, not the `Weights` it serves: no reference cycle for the collector
+    to find in every recall's and store's weights."""
 
-    def __init__(self, weights: Weights) -> None:
+    def __init__(self, n: int, df: Counter[str]) -> None:
         super().__init__()
-        self.weights = weights
+        self.n = n
+        self.df = df
 
     def __missing__(self, word: str) -> float:
-        w = self.weights
-        weight = self[word] = math.log(1 + max(w.n, 2) / max(w.df.get(word, 0), 1))
+        weight = self[word] = math.log(1 + max(self.n, 2) / max(self.df.get(word, 0), 1))
         return weight
 
 
@@ -157,7 +159,7 @@ class Weights:
             self.n += 1
         # Each word's weight worked out once: a store's search asks for ~200 weights of a few dozen words,
         # through a dict lookup (`lookup`) rather than a method call each.
-        self.lookup: Callable[[str], float] = _Known(self).__getitem__
+        self.lookup: Callable[[str], float] = _Known(self.n, self.df).__getitem__
 
     def __call__(self, word: str) -> float:
         return self.lookup(word)
