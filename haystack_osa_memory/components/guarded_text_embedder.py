@@ -11,6 +11,7 @@ import numpy.typing as npt
 from haystack import component, default_to_dict
 from haystack.core.serialization import component_from_dict, component_to_dict, import_class_by_name
 
+from haystack_osa_memory.components.onnx_runtime import RunTimeout
 from haystack_osa_memory.instruments import observe_embed_batch
 
 logger = logging.getLogger(__name__)
@@ -22,7 +23,9 @@ class GuardedTextEmbedder:
 
     Returns `embedding=None` and a `degraded` reason when the inner embedder cannot be warmed up,
     raises, or takes longer than `timeout` seconds, so a recall pipeline can still answer from its
-    lexical side and say that it degraded.
+    lexical side and say that it degraded. An embedder that stops its own work at a budget (``bounded``
+    true and ``run_bounded(text, timeout)``: `MiniLMTextEmbedder` on ONNX Runtime) runs in the calling
+    thread; any other runs in a thread of this guard's, which it stops waiting for at the budget.
 
     The embedding is returned as a float32 numpy array, not a list: a Haystack pipeline deep-copies
     every component input element by element, and a list of floats costs far more to copy there than
@@ -97,11 +100,18 @@ class GuardedTextEmbedder:
         if self._warm_error:
             return {"embedding": None, "degraded": self._warm_error}
         observe_embed_batch(1)  # one query per call; a batching embedder reports its batch size
-        future = self._executor.submit(self.embedder.run, text=text)
         try:
-            result = future.result(timeout=self.timeout)
-        except FutureTimeout:
-            future.cancel()
+            if getattr(self.embedder, "bounded", False) is True:
+                # It stops its own forward pass at the budget: run here, without a thread hand-off each way.
+                result = self.embedder.run_bounded(text, self.timeout)
+            else:
+                future = self._executor.submit(self.embedder.run, text=text)
+                try:
+                    result = future.result(timeout=self.timeout)
+                except FutureTimeout:
+                    future.cancel()
+                    raise
+        except (FutureTimeout, RunTimeout):
             logger.warning("text embedder exceeded its %.2f s budget; answering lexically", self.timeout)
             return {"embedding": None, "degraded": f"embedder exceeded its {self.timeout:.2f} s budget"}
         except Exception as e:

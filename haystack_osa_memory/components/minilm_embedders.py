@@ -357,15 +357,24 @@ class _MiniLMBackend:
             raise RuntimeError(msg)
         return frozen
 
-    def embed(self, texts: Sequence[str], batch_size: int) -> list[list[float]]:
-        """Unit vectors of `texts`, in their order; batches of texts of similar token length."""
+    @property
+    def bounded(self) -> bool:
+        """Whether `embed` can stop at a deadline (``timeout``) in the calling thread: ONNX Runtime only."""
+        return self._onnx is not None
+
+    def embed(self, texts: Sequence[str], batch_size: int, timeout: float | None = None) -> list[list[float]]:
+        """Unit vectors of `texts`, in their order; batches of texts of similar token length.
+
+        :param timeout: seconds each forward pass may take (`bounded` backends only; else ignored).
+        :raises RunTimeout: a forward pass ran past ``timeout``.
+        """
         encodings = [self._tokenizer.encode(text) for text in texts]
         order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
         vectors: list[list[float]] = [[] for _ in encodings]
         if self._onnx is not None:
             for start in range(0, len(order), batch_size):
                 batch = order[start : start + batch_size]
-                out = self._onnx.run(*self._padded_lists([encodings[i] for i in batch]))
+                out = self._onnx.run(*self._padded_lists([encodings[i] for i in batch]), timeout=timeout)
                 for i, vector in zip(batch, out.tolist(), strict=True):
                     vectors[i] = vector
             return vectors
@@ -584,12 +593,26 @@ class MiniLMTextEmbedder:
         :returns: `embedding`: the unit vector of the text.
         :raises TypeError: `text` is not a string.
         """
+        return self.run_bounded(text, None)
+
+    @property
+    def bounded(self) -> bool:
+        """Whether `run_bounded` stops a forward pass at its budget in the calling thread (ONNX Runtime; after
+        `warm_up`). `GuardedTextEmbedder` then calls it there instead of handing each query to a thread."""
+        return self._backend is not None and self._backend.bounded
+
+    def run_bounded(self, text: str, timeout: float | None) -> dict[str, list[float]]:
+        """`run`, its forward pass stopped once it has taken ``timeout`` seconds (None: no budget).
+
+        :raises TypeError: `text` is not a string.
+        :raises RunTimeout: the forward pass ran past ``timeout`` (`bounded` embedders only).
+        """
         if not isinstance(text, str):
             msg = "MiniLMTextEmbedder expects a string; to embed Documents use MiniLMDocumentEmbedder"
             raise TypeError(msg)
         self.warm_up()
         assert self._backend is not None
-        return {"embedding": self._backend.embed([text], batch_size=1)[0]}
+        return {"embedding": self._backend.embed([text], batch_size=1, timeout=timeout)[0]}
 
 
 _coalescers: dict[tuple[int, int], _Coalescer] = {}

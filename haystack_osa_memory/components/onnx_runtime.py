@@ -30,11 +30,14 @@ import fcntl
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -204,6 +207,73 @@ def export_files(module: torch.nn.Module, tokenized: dict[str, Any], out: Path) 
     (out / CHECK_FILE).write_text(json.dumps({**tokenized, "vectors": vectors}), encoding="utf-8")
 
 
+class RunTimeout(TimeoutError):
+    """A forward pass stopped at its deadline (`Deadlines`)."""
+
+
+class Deadlines:
+    """Stops ONNX Runtime forward passes that run past their deadline, from one watchdog thread per process.
+
+    A pass started with a deadline (`OnnxModel.run` with ``timeout``) carries its own ``RunOptions``; the watchdog
+    looks at the passes in flight at least every `POLL_S` seconds, and at the earliest deadline when that comes
+    sooner, and sets ``terminate`` on those past their deadline: ONNX Runtime then stops the pass at its next
+    operator and the caller gets `RunTimeout`. A call's time budget is kept without handing the call to another
+    thread (`GuardedTextEmbedder` did that for every query: a thread wake-up each way); with budgets of seconds
+    the watchdog is woken by nothing but its own timer. It starts on first use in each process, so a forked
+    worker starts its own.
+    """
+
+    #: Seconds between two looks at the passes in flight, at most.
+    POLL_S = 0.05
+
+    def __init__(self) -> None:
+        self._forked()
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        # Also in a forked child: the parent's watchdog thread is not there, and may have held the lock at the fork.
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._runs: dict[int, tuple[float, Any]] = {}
+        self._count = 0
+        self._look_at = math.inf  # when the watchdog looks next
+        self._pid = 0
+
+    def watch(self, options: Any, timeout: float) -> int:
+        """Stop the pass run with ``options`` (ONNX Runtime's ``RunOptions``) once ``timeout`` seconds have passed,
+        unless `done` comes first; returns the pass's token for `done`."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            if self._pid != os.getpid():  # first use in this process
+                self._pid = os.getpid()
+                threading.Thread(target=self._loop, name="osa-memory-deadlines", daemon=True).start()
+            self._count += 1
+            self._runs[self._count] = (deadline, options)
+            if deadline < self._look_at:
+                self._wake.set()  # it would look too late
+            return self._count
+
+    def done(self, token: int) -> None:
+        """The pass of ``token`` ended (or failed): it is no longer watched."""
+        with self._lock:
+            self._runs.pop(token, None)
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                for token in [t for t, (deadline, _) in self._runs.items() if deadline <= now]:
+                    self._runs.pop(token)[1].terminate = True
+                wait = min([self.POLL_S, *(deadline - now for deadline, _ in self._runs.values())])
+                self._look_at = now + wait
+                self._wake.clear()
+            self._wake.wait(wait)
+
+
+#: The process's watchdog of forward passes with a deadline.
+DEADLINES = Deadlines()
+
+
 class OnnxModel:
     """An ONNX Runtime session of a module taking ``input_ids``, ``attention_mask`` and ``token_type_ids`` and
     returning one vector per text.
@@ -269,13 +339,34 @@ class OnnxModel:
                 msg = f"its vectors differ from the exported module's by {difference:.2e}"
                 raise ExportError(msg)
 
-    def run(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> npt.NDArray[np.float32]:
-        """The vectors of one padded batch (lists of token ids, or int64 arrays), one row per text."""
+    def run(
+        self, input_ids: Any, attention_mask: Any, token_type_ids: Any, *, timeout: float | None = None
+    ) -> npt.NDArray[np.float32]:
+        """The vectors of one padded batch (lists of token ids, or int64 arrays), one row per text.
+
+        :param timeout: seconds the pass may take; past them it stops (`Deadlines`).
+        :raises RunTimeout: the pass ran past ``timeout``.
+        """
         feeds = {
             name: np.asarray(value, dtype=np.int64)
             for name, value in zip(INPUTS, (input_ids, attention_mask, token_type_ids), strict=True)
         }
-        out: npt.NDArray[np.float32] = self._session.run([self._output], feeds)[0]
+        if timeout is None:
+            out: npt.NDArray[np.float32] = self._session.run([self._output], feeds)[0]
+            return out
+        import onnxruntime as ort
+
+        options = ort.RunOptions()
+        token = DEADLINES.watch(options, timeout)
+        try:
+            out = self._session.run([self._output], feeds, options)[0]
+        except Exception as e:
+            if options.terminate:
+                msg = f"the forward pass ran past its {timeout:.2f} s budget"
+                raise RunTimeout(msg) from e
+            raise
+        finally:
+            DEADLINES.done(token)
         return out
 
 

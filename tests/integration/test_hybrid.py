@@ -455,3 +455,33 @@ def test_a_restatement_in_other_words_is_suggested_by_its_vector(
         text_embedder=build_embedders(MemoryConfig(embedder="minilm"))[1],
     )
     assert "possibly_supersedes" not in quiet.store(new, caller=me)
+
+
+def test_a_query_past_its_budget_is_stopped_in_the_calling_thread(minilm: tuple[Any, Any]) -> None:
+    """On ONNX Runtime the query embedder stops its own forward pass at the guard's budget (`Deadlines`): the
+    guard calls it in the calling thread, the vector is the embedder's own, and a pass past the budget ends
+    early with the recall degraded to lexical."""
+    from haystack_osa_memory import GuardedTextEmbedder
+    from haystack_osa_memory.components.onnx_runtime import RunTimeout
+
+    embedder = minilm[1]
+    guard = GuardedTextEmbedder(embedder=embedder, timeout=5.0)
+    guard.warm_up()
+    assert embedder.bounded is True  # the default runtime is ONNX Runtime
+    query = "where do the servers run?"
+    out = guard.run(text=query)
+    assert out["degraded"] is None
+    assert np.array_equal(out["embedding"], np.asarray(embedder.run(text=query)["embedding"], dtype=np.float32))
+    assert not guard._executor._threads
+    long_text = " ".join(f"server{i} runs the billing service in region {i}" for i in range(60))  # 256 tokens
+    started = time.perf_counter()
+    embedder.run_bounded(long_text, None)
+    whole = time.perf_counter() - started
+    with pytest.raises(RunTimeout):
+        embedder.run_bounded(long_text, 1e-4)
+    tight = GuardedTextEmbedder(embedder=embedder, timeout=1e-4)
+    started = time.perf_counter()
+    out = tight.run(text=long_text)
+    assert out["embedding"] is None
+    assert "budget" in out["degraded"]
+    assert time.perf_counter() - started < max(whole, 0.05)  # stopped before the end of the pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from typing import Any
@@ -235,6 +236,75 @@ class TestGuardedTextEmbedder:
         out = healthy.run(text="hello")
         assert out["degraded"] is None
         assert len(out["embedding"]) == 8
+
+    @pytest.mark.parametrize(("raised", "reason"), [(None, None), ("timeout", "0.20 s budget"), ("fail", "broke")])
+    def test_a_bounded_embedder_runs_in_the_calling_thread(self, raised: str | None, reason: str | None) -> None:
+        """An embedder that stops at its own budget (`bounded`) is called here with the guard's timeout, never
+        through the guard's threads; its `RunTimeout` and its failures degrade as the thread's would."""
+        from haystack_osa_memory.components.onnx_runtime import RunTimeout
+
+        calls: list[tuple[str, float | None, int]] = []
+
+        class _Bounded:
+            bounded = True
+
+            def run(self, text: str) -> dict[str, Any]:
+                raise AssertionError("run_bounded, not run")
+
+            def run_bounded(self, text: str, timeout: float | None) -> dict[str, Any]:
+                calls.append((text, timeout, threading.get_ident()))
+                if raised == "timeout":
+                    raise RunTimeout("past its budget")
+                if raised == "fail":
+                    raise RuntimeError("broke")
+                return {"embedding": [0.5, 0.25]}
+
+        guard = GuardedTextEmbedder(embedder=_Bounded(), timeout=0.2)
+        out = guard.run(text="hello")
+        assert calls == [("hello", 0.2, threading.get_ident())]
+        assert not guard._executor._threads  # no hand-off: the guard's pool never started a thread
+        if reason is None:
+            assert out["degraded"] is None
+            assert out["embedding"].tolist() == [0.5, 0.25]
+        else:
+            assert out["embedding"] is None
+            assert reason in out["degraded"]
+
+    def test_an_embedder_not_bounded_runs_in_the_guards_thread(self) -> None:
+        seen: list[int] = []
+
+        class _NotBounded:
+            bounded = "yes"  # only True itself counts
+
+            def run(self, text: str) -> dict[str, Any]:
+                seen.append(threading.get_ident())
+                return {"embedding": [1.0]}
+
+        guard = GuardedTextEmbedder(embedder=_NotBounded())
+        assert guard.run(text="hello")["degraded"] is None
+        assert len(seen) == 1
+        assert seen[0] != threading.get_ident()
+
+
+class TestDeadlines:
+    def test_a_pass_past_its_deadline_is_stopped_and_one_done_in_time_is_not(self) -> None:
+        from haystack_osa_memory.components.onnx_runtime import Deadlines
+
+        class _Options:
+            terminate = False
+
+        deadlines = Deadlines()
+        late, early = _Options(), _Options()
+        late_token = deadlines.watch(late, 0.02)
+        early_token = deadlines.watch(early, 0.02)
+        deadlines.done(early_token)
+        stop = time.monotonic() + 2.0
+        while not late.terminate and time.monotonic() < stop:
+            time.sleep(0.005)
+        assert late.terminate is True
+        assert early.terminate is False
+        deadlines.done(late_token)  # already gone: nothing happens
+        assert not deadlines._runs
 
     def test_to_dict_from_dict_keeps_inner_embedder(self) -> None:
         g = GuardedTextEmbedder(embedder=MockTextEmbedder(dimension=8), timeout=1.5)
