@@ -44,6 +44,10 @@ class NotFoundError(OsaMemoryError):
     """No such fact in the caller's scope (facts of other scopes are reported the same way)."""
 
 
+class EmbeddingTimeoutError(OsaMemoryError, TimeoutError):
+    """An embedding's forward pass ran past its time budget and was stopped (`MiniLMTextEmbedder.run_bounded`)."""
+
+
 class MemoryOffError(OsaMemoryError):
     """A kill switch (server, org or assignment) turned memory off; nothing was read or written."""
 

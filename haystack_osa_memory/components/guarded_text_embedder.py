@@ -11,7 +11,7 @@ import numpy.typing as npt
 from haystack import component, default_to_dict
 from haystack.core.serialization import component_from_dict, component_to_dict, import_class_by_name
 
-from haystack_osa_memory.components.onnx_runtime import RunTimeout
+from haystack_osa_memory.errors import EmbeddingTimeoutError
 from haystack_osa_memory.instruments import observe_embed_batch
 
 logger = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ class GuardedTextEmbedder:
                 except FutureTimeout:
                     future.cancel()
                     raise
-        except (FutureTimeout, RunTimeout):
+        except (FutureTimeout, EmbeddingTimeoutError):
             logger.warning("text embedder exceeded its %.2f s budget; answering lexically", self.timeout)
             return {"embedding": None, "degraded": f"embedder exceeded its {self.timeout:.2f} s budget"}
         except Exception as e:

@@ -366,7 +366,7 @@ class _MiniLMBackend:
         """Unit vectors of `texts`, in their order; batches of texts of similar token length.
 
         :param timeout: seconds each forward pass may take (`bounded` backends only; else ignored).
-        :raises RunTimeout: a forward pass ran past ``timeout``.
+        :raises EmbeddingTimeoutError: a forward pass ran past ``timeout``.
         """
         encodings = [self._tokenizer.encode(text) for text in texts]
         order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
@@ -605,7 +605,7 @@ class MiniLMTextEmbedder:
         """`run`, its forward pass stopped once it has taken ``timeout`` seconds (None: no budget).
 
         :raises TypeError: `text` is not a string.
-        :raises RunTimeout: the forward pass ran past ``timeout`` (`bounded` embedders only).
+        :raises EmbeddingTimeoutError: the forward pass ran past ``timeout`` (`bounded` embedders only).
         """
         if not isinstance(text, str):
             msg = "MiniLMTextEmbedder expects a string; to embed Documents use MiniLMDocumentEmbedder"

@@ -48,6 +48,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from haystack_osa_memory.errors import EmbeddingTimeoutError
+
 if TYPE_CHECKING:
     import torch
 
@@ -207,19 +209,15 @@ def export_files(module: torch.nn.Module, tokenized: dict[str, Any], out: Path) 
     (out / CHECK_FILE).write_text(json.dumps({**tokenized, "vectors": vectors}), encoding="utf-8")
 
 
-class RunTimeout(TimeoutError):
-    """A forward pass stopped at its deadline (`Deadlines`)."""
-
-
 class Deadlines:
     """Stops ONNX Runtime forward passes that run past their deadline, from one watchdog thread per process.
 
     A pass started with a deadline (`OnnxModel.run` with ``timeout``) carries its own ``RunOptions``; the watchdog
     looks at the passes in flight at least every `POLL_S` seconds, and at the earliest deadline when that comes
     sooner, and sets ``terminate`` on those past their deadline: ONNX Runtime then stops the pass at its next
-    operator and the caller gets `RunTimeout`. A call's time budget is kept without handing the call to another
-    thread (`GuardedTextEmbedder` did that for every query: a thread wake-up each way); with budgets of seconds
-    the watchdog is woken by nothing but its own timer. It starts on first use in each process, so a forked
+    operator and the caller gets `EmbeddingTimeoutError`. A call's time budget is kept without handing the call to
+    another thread (`GuardedTextEmbedder` did that for every query: a thread wake-up each way); with budgets of
+    seconds the watchdog is woken by nothing but its own timer. It starts on first use in each process, so a forked
     worker starts its own.
     """
 
@@ -345,7 +343,7 @@ class OnnxModel:
         """The vectors of one padded batch (lists of token ids, or int64 arrays), one row per text.
 
         :param timeout: seconds the pass may take; past them it stops (`Deadlines`).
-        :raises RunTimeout: the pass ran past ``timeout``.
+        :raises EmbeddingTimeoutError: the pass ran past ``timeout``.
         """
         feeds = {
             name: np.asarray(value, dtype=np.int64)
@@ -363,7 +361,7 @@ class OnnxModel:
         except Exception as e:
             if options.terminate:
                 msg = f"the forward pass ran past its {timeout:.2f} s budget"
-                raise RunTimeout(msg) from e
+                raise EmbeddingTimeoutError(msg) from e
             raise
         finally:
             DEADLINES.done(token)

@@ -462,7 +462,7 @@ def test_a_query_past_its_budget_is_stopped_in_the_calling_thread(minilm: tuple[
     guard calls it in the calling thread, the vector is the embedder's own, and a pass past the budget ends
     early with the recall degraded to lexical."""
     from haystack_osa_memory import GuardedTextEmbedder
-    from haystack_osa_memory.components.onnx_runtime import RunTimeout
+    from haystack_osa_memory.errors import EmbeddingTimeoutError
 
     embedder = minilm[1]
     guard = GuardedTextEmbedder(embedder=embedder, timeout=5.0)
@@ -477,7 +477,7 @@ def test_a_query_past_its_budget_is_stopped_in_the_calling_thread(minilm: tuple[
     started = time.perf_counter()
     embedder.run_bounded(long_text, None)
     whole = time.perf_counter() - started
-    with pytest.raises(RunTimeout):
+    with pytest.raises(EmbeddingTimeoutError):
         embedder.run_bounded(long_text, 1e-4)
     tight = GuardedTextEmbedder(embedder=embedder, timeout=1e-4)
     started = time.perf_counter()

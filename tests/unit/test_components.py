@@ -240,8 +240,8 @@ class TestGuardedTextEmbedder:
     @pytest.mark.parametrize(("raised", "reason"), [(None, None), ("timeout", "0.20 s budget"), ("fail", "broke")])
     def test_a_bounded_embedder_runs_in_the_calling_thread(self, raised: str | None, reason: str | None) -> None:
         """An embedder that stops at its own budget (`bounded`) is called here with the guard's timeout, never
-        through the guard's threads; its `RunTimeout` and its failures degrade as the thread's would."""
-        from haystack_osa_memory.components.onnx_runtime import RunTimeout
+        through the guard's threads; its `EmbeddingTimeoutError` and its failures degrade as the thread's would."""
+        from haystack_osa_memory.errors import EmbeddingTimeoutError
 
         calls: list[tuple[str, float | None, int]] = []
 
@@ -254,7 +254,7 @@ class TestGuardedTextEmbedder:
             def run_bounded(self, text: str, timeout: float | None) -> dict[str, Any]:
                 calls.append((text, timeout, threading.get_ident()))
                 if raised == "timeout":
-                    raise RunTimeout("past its budget")
+                    raise EmbeddingTimeoutError("past its budget")
                 if raised == "fail":
                     raise RuntimeError("broke")
                 return {"embedding": [0.5, 0.25]}
