@@ -204,7 +204,10 @@ class OursSide:
         self.memory.warm_up()
         self.degraded = 0
         self.clock = EmbedClock()
-        self.clock.wrap(text_embedder, "run")  # the guarded recall embedder calls this instance's run()
+        # The method the guarded recall embedder calls: `run_bounded` in the calling thread when the embedder stops
+        # at its own budget (ONNX Runtime), else `run` in the guard's thread.
+        bounded = getattr(text_embedder, "bounded", False) is True
+        self.clock.wrap(text_embedder, "run_bounded" if bounded else "run")
 
     def reopen(self) -> OursSide:
         """A fresh instance on the same schema, with fresh connections."""
