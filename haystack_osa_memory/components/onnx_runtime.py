@@ -235,15 +235,15 @@ class Deadlines:
         self._runs: dict[int, tuple[float, Any]] = {}
         self._count = 0
         self._look_at = math.inf  # when the watchdog looks next
-        self._pid = 0
+        self._started = False
 
     def watch(self, options: Any, timeout: float) -> int:
         """Stop the pass run with ``options`` (ONNX Runtime's ``RunOptions``) once ``timeout`` seconds have passed,
         unless `done` comes first; returns the pass's token for `done`."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            if self._pid != os.getpid():  # first use in this process
-                self._pid = os.getpid()
+            if not self._started:  # first use in this process (`_forked` resets it in a child)
+                self._started = True
                 threading.Thread(target=self._loop, name="osa-memory-deadlines", daemon=True).start()
             self._count += 1
             self._runs[self._count] = (deadline, options)

@@ -285,6 +285,22 @@ class TestGuardedTextEmbedder:
         assert len(seen) == 1
         assert seen[0] != threading.get_ident()
 
+    def test_to_dict_from_dict_keeps_inner_embedder(self) -> None:
+        g = GuardedTextEmbedder(embedder=MockTextEmbedder(dimension=8), timeout=1.5)
+        restored = GuardedTextEmbedder.from_dict(g.to_dict())
+        assert restored.timeout == 1.5
+        assert isinstance(restored.embedder, MockTextEmbedder)
+
+    def test_not_a_component_refused(self) -> None:
+        with pytest.raises(ValueError, match="text embedder"):
+            GuardedTextEmbedder(embedder=object())
+
+
+def _normalised(pipe: Pipeline) -> dict[str, Any]:
+    data = pipe.to_dict()
+    data["connections"] = sorted(data["connections"], key=lambda c: (c["sender"], c["receiver"]))
+    return data
+
 
 class TestDeadlines:
     def test_a_pass_past_its_deadline_is_stopped_and_one_done_in_time_is_not(self) -> None:
@@ -305,22 +321,6 @@ class TestDeadlines:
         assert early.terminate is False
         deadlines.done(late_token)  # already gone: nothing happens
         assert not deadlines._runs
-
-    def test_to_dict_from_dict_keeps_inner_embedder(self) -> None:
-        g = GuardedTextEmbedder(embedder=MockTextEmbedder(dimension=8), timeout=1.5)
-        restored = GuardedTextEmbedder.from_dict(g.to_dict())
-        assert restored.timeout == 1.5
-        assert isinstance(restored.embedder, MockTextEmbedder)
-
-    def test_not_a_component_refused(self) -> None:
-        with pytest.raises(ValueError, match="text embedder"):
-            GuardedTextEmbedder(embedder=object())
-
-
-def _normalised(pipe: Pipeline) -> dict[str, Any]:
-    data = pipe.to_dict()
-    data["connections"] = sorted(data["connections"], key=lambda c: (c["sender"], c["receiver"]))
-    return data
 
 
 class TestPipelinesYaml:
