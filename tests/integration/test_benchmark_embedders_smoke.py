@@ -88,7 +88,7 @@ def test_embedder_benchmark_core(pg_conn_str: str, tmp_path: Path, capsys: pytes
     assert agreement["st-torch"]["doc_cos_min"] > 0.99
     assert agreement["st-torch"]["query_cos_min"] > 0.99
     assert agreement["ours-fp32"]["doc_cos_min"] > 0.9999  # the reference against itself
-    # ours-int8 stores facts in the product's default precision (`mixed`: int8 but the feed-forward outputs).
+    # ours-int8 stores facts in the product's default precision (`int8-cls`: int8, the first token quantized apart).
     assert 0.98 < agreement["ours-int8"]["doc_cos_min"] <= 1.0 + 1e-6
     assert 0.85 < agreement["ours-int8"]["query_cos_min"] <= 1.0  # int8 queries: close, not equal
     for name in BACKENDS:

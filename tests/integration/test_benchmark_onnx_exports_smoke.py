@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.embeddings]
 def test_both_exports_are_measured_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     result = run_with_json("onnx_exports", ["--queries", "3", "--facts", "2", "--rounds", "2"], tmp_path)
     printed = capsys.readouterr().out
-    assert result["precision"] == {"query": "int8", "fact": "mixed"}  # the product's defaults
+    assert result["precision"] == {"query": "int8", "fact": "int8-cls"}  # the product's defaults
     assert result["nodes"]["eager"] < result["nodes"]["sdpa"]  # the shape bookkeeping and NaN guards are gone
     for kind in ("query", "fact"):
         k = result[kind]

@@ -17,7 +17,7 @@ def test_both_runtimes_are_measured_side_by_side(tmp_path: Path, capsys: pytest.
     assert result["loaded"]["torch query"] == {"runtime": "torch", "precision": "int8"}
     assert result["loaded"]["onnx query"] == {"runtime": "onnx", "precision": "int8"}
     assert result["loaded"]["torch fact"] == {"runtime": "torch", "precision": "float16"}
-    assert result["loaded"]["onnx fact"] == {"runtime": "onnx", "precision": "mixed"}  # the product's default
+    assert result["loaded"]["onnx fact"] == {"runtime": "onnx", "precision": "int8-cls"}  # the product's default
     for kind in ("query", "fact"):
         k = result[kind]
         assert len(k["torch"]["rounds_ms"]) == len(k["onnx"]["rounds_ms"]) == 2

@@ -217,7 +217,7 @@ class TestBuildEmbedders:
         assert document_embedder.model == text_embedder.model == minilm_embedders.BUNDLED_MODEL
         assert minilm_embedders._model_dir(minilm_embedders.BUNDLED_MODEL) == os.path.realpath(model_path)
         assert text_embedder.precision == "int8"  # the default: fast recall
-        assert document_embedder.precision == MemoryConfig().document_precision == "mixed"  # the default
+        assert document_embedder.precision == MemoryConfig().document_precision == "int8-cls"  # the default
         assert len(text_embedder.run(text="hello")["embedding"]) == MINILM_DIMENSION
 
     def test_query_precision_follows_the_configuration(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -230,7 +230,7 @@ class TestBuildEmbedders:
             MemoryConfig.from_env()
 
     def test_document_precision_follows_the_configuration(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        for precision in ("int8", "float32", "float16", "mixed"):
+        for precision in ("int8", "float32", "float16", "mixed", "int8-cls"):
             document_embedder, _ = build_embedders(MemoryConfig(embedder="minilm", document_precision=precision))
             assert document_embedder.precision == precision
         monkeypatch.setenv("OSA_MEMORY_DOCUMENT_PRECISION", "int8")
@@ -739,7 +739,12 @@ class TestOnnxRuntime:
 
         minilm_embedders._backend(model_path, "int8", "onnx")
         directory = onnx_runtime.exported(Path(minilm_embedders._model_dir(model_path)))
-        for name in (onnx_runtime.FLOAT32_FILE, onnx_runtime.INT8_FILE, onnx_runtime.MIXED_FILE):
+        for name in (
+            onnx_runtime.FLOAT32_FILE,
+            onnx_runtime.INT8_FILE,
+            onnx_runtime.MIXED_FILE,
+            onnx_runtime.INT8_CLS_FILE,
+        ):
             ops = [n.op_type for n in onnx.load(str(directory / name), load_external_data=False).graph.node]
             assert "IsNaN" not in ops, name
             assert ops.count("Softmax") == 6, name  # one per layer, computed in the graph
@@ -773,6 +778,52 @@ class TestOnnxRuntime:
         alone = [embedder.run(documents=[Document(content=t)])["documents"][0].embedding for t in FACTS]
         docs = embedder.run(documents=[Document(content=t) for t in [LONG, *FACTS, "x"]])["documents"]
         assert [d.embedding for d in docs[1:-1]] == alone
+
+    def test_int8_cls_documents_closer_to_float32_than_mixed_and_alone_in_their_pass(
+        self, model_path: str, expected: np.ndarray
+    ) -> None:
+        """`int8-cls` (the default for stored facts): int8 with the first token's activations quantized apart, in
+        both runtimes closer to the float32 vectors than `mixed` and `int8`."""
+        texts = [t for t in TEXTS if t]
+        want = expected[[i for i, t in enumerate(TEXTS) if t]]
+        medians = {}
+        for runtime in ("onnx", "torch"):
+            for precision in ("int8-cls", "mixed", "int8"):
+                embedder = MiniLMDocumentEmbedder(model=model_path, precision=precision, runtime=runtime)
+                docs = embedder.run(documents=[Document(content=t) for t in texts])["documents"]
+                got = np.asarray([d.embedding for d in docs])
+                assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+                medians[runtime, precision] = float(np.median((got * want).sum(axis=1)))
+                backend = minilm_embedders._backend(model_path, precision, runtime)
+                assert (backend.runtime, backend.precision) == (runtime, precision)
+                assert embedder._coalescer is minilm_embedders._coalescer_for(backend, 1)  # one text per pass
+            assert medians[runtime, "int8-cls"] > medians[runtime, "mixed"] > medians[runtime, "int8"], runtime
+        assert medians["onnx", "int8-cls"] > 0.995
+        embedder = MiniLMDocumentEmbedder(model=model_path, precision="int8-cls", runtime="onnx")
+        alone = [embedder.run(documents=[Document(content=t)])["documents"][0].embedding for t in FACTS]
+        docs = embedder.run(documents=[Document(content=t) for t in [LONG, *FACTS, "x"]])["documents"]
+        assert [d.embedding for d in docs[1:-1]] == alone
+
+    def test_int8_cls_splits_every_product_by_a_weight(self, model_path: str) -> None:
+        """Each of the 36 products of a hidden state by a weight runs as two, sharing one int8 weight; the
+        attention's products of two activations are left whole."""
+        import onnx
+
+        minilm_embedders._backend(model_path, "int8", "onnx")
+        directory = onnx_runtime.exported(Path(minilm_embedders._model_dir(model_path)))
+        graph = onnx.load(str(directory / onnx_runtime.INT8_CLS_FILE)).graph
+        weights = {i.name for i in graph.initializer}
+        products = [n for n in graph.node if n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul", "MatMul")]
+        by_weight = [n for n in products if any(i in weights for i in n.input[1:2])]
+        assert len(by_weight) == 72
+        assert len({n.input[1] for n in by_weight}) == 36  # the two parts of a product share its weight
+        assert sum(1 for n in products if n.op_type == "MatMul" and n not in by_weight) == 12
+        spec = minilm_embedders._read_model_spec(Path(model_path))
+        quantized = minilm_embedders._MiniLMBackend(Path(model_path), "int8-cls")._quantized(
+            minilm_embedders._load_eager(spec), "int8-cls"
+        )
+        wrapped = [name for name, m in quantized.named_modules() if type(m).__name__ == "FirstTokenApart"]
+        assert len(wrapped) == 37  # the 36 of the encoder and the pooler's (which passes its 2-D input whole)
 
     def test_mixed_keeps_exactly_the_feed_forward_outputs_in_float32(self, model_path: str) -> None:
         spec = minilm_embedders._read_model_spec(Path(model_path))
