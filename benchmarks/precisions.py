@@ -17,7 +17,6 @@ synthetic questions and facts.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -26,15 +25,12 @@ from typing import Any, get_args
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
 
 from benchmarks.runtimes import cosines, cpu_ms
-from benchmarks.workload import embedding_run, embedding_texts, embedding_texts_main
+from benchmarks.workload import embedding_run, embedding_texts_main, one_thread_texts
 from haystack_osa_memory.config import Precision, Runtime
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch
-
-    torch.set_num_threads(1)
+    questions, turns = one_thread_texts(args)
     from haystack import Document
 
     from haystack_osa_memory.components.minilm_embedders import (
@@ -43,7 +39,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         MiniLMTextEmbedder,
     )
 
-    questions, turns = embedding_texts(args.data, args.queries, args.facts)
     store = {p: MiniLMDocumentEmbedder(model=BUNDLED_MODEL, precision=p, runtime=args.runtime) for p in args.facts_of}
     query = {p: MiniLMTextEmbedder(model=BUNDLED_MODEL, precision=p, runtime=args.runtime) for p in args.queries_of}
     loaded: dict[str, Any] = {}

@@ -19,7 +19,6 @@ synthetic questions and facts.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -29,7 +28,7 @@ from typing import Any, get_args
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
 
-from benchmarks.workload import embedding_run, embedding_texts, embedding_texts_main
+from benchmarks.workload import embedding_run, embedding_texts_main, one_thread_texts
 from haystack_osa_memory.config import Precision
 
 RUNTIMES = ("torch", "onnx")
@@ -51,10 +50,7 @@ def cosines(vectors: Sequence[Sequence[float]], reference: Sequence[Sequence[flo
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch
-
-    torch.set_num_threads(1)
+    questions, turns = one_thread_texts(args)
     from haystack import Document
 
     from haystack_osa_memory import MemoryConfig
@@ -64,7 +60,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         MiniLMTextEmbedder,
     )
 
-    questions, turns = embedding_texts(args.data, args.queries, args.facts)
     config = MemoryConfig()
     facts = {"torch": args.torch_facts, "onnx": args.onnx_facts or config.document_precision}
     query = {r: MiniLMTextEmbedder(model=BUNDLED_MODEL, precision=config.query_precision, runtime=r) for r in RUNTIMES}

@@ -60,6 +60,16 @@ def embedding_texts(data: Path | None, queries: int, facts: int) -> tuple[list[s
     return spread(questions, queries), spread(turns, facts)
 
 
+def one_thread_texts(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """One intra-op thread for the embedders (as `osa-memory serve` runs them), and the benchmark's questions and
+    turns (`embedding_texts` of ``args.data``, ``args.queries``, ``args.facts``)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+    return embedding_texts(args.data, args.queries, args.facts)
+
+
 def embedding_run(args: argparse.Namespace, questions: list[str], turns: list[str]) -> dict[str, Any]:
     """What an embedder benchmark's result says of its run: the machine, the texts and how many, the rounds."""
     return {
