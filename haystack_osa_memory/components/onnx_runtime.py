@@ -100,24 +100,32 @@ def feed_forward_outputs(names: Sequence[str], *, separator: str = "/", suffix: 
 
 
 def first_token_apart(model: Any) -> int:
-    """Split each matrix product of a hidden state by a weight (``MatMul`` of a ``(texts, tokens, features)``
-    activation and an initializer) of the ONNX ``model`` in two, in place: the first token's row and the other
-    tokens' rows, each its own product, joined again along the tokens. Returns how many were split.
+    """Split each matrix product of a hidden state by a weight (``MatMul`` of an activation that shape inference
+    finds to be ``(texts, tokens, features)`` and an initializer) of the ONNX ``model`` in two, in place: the first
+    token's row and the other tokens' rows, each its own product, joined again along the tokens. Returns how many
+    were split.
 
     The float graph computes the same thing. Quantized dynamically (`INT8_CLS_FILE`), each part gets its own
     activation scale: BERT's first token ([CLS]) carries values up to ~30 in a few features of every layer's
     feed-forward input and output where the other tokens stay within ~3-12, and one 8-bit scale over the whole
     tensor left the other tokens a tenth of the resolution (docs/traps.md). Both parts use the same int8 weights.
     """
-    from onnx import helper, numpy_helper
+    from onnx import helper, numpy_helper, shape_inference
 
     graph = model.graph
     weights = {i.name for i in graph.initializer}
+    # Only activations known to be (texts, tokens, features): a row per text (a pooler's) has no tokens to split.
+    inferred = shape_inference.infer_shapes(model).graph
+    ranks = {
+        v.name: len(v.type.tensor_type.shape.dim)
+        for v in [*inferred.input, *inferred.value_info, *inferred.output]
+        if v.type.tensor_type.HasField("shape")
+    }
     names = {key: f"osa_first_token_apart/{key}" for key in _SLICES}
     nodes: list[Any] = []
     split = 0
     for node in graph.node:
-        if node.op_type != "MatMul" or node.input[1] not in weights or node.input[0] in weights:
+        if node.op_type != "MatMul" or node.input[1] not in weights or ranks.get(node.input[0]) != 3:
             nodes.append(node)
             continue
         split += 1

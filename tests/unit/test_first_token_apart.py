@@ -62,6 +62,23 @@ def test_the_split_graph_computes_the_same(shape: tuple[int, int]) -> None:
     assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_a_product_of_one_row_per_text_is_left_whole() -> None:
+    """A pooler's product (one row per text, no tokens) has nothing to split: its second axis is features."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((FEATURES, OUT), dtype=np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="/pooler/dense/MatMul")],
+        "rows",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["texts", FEATURES])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["texts", OUT])],
+        [w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", onnx_runtime.OPSET)])
+    assert onnx_runtime.first_token_apart(model) == 0
+    assert [n.name for n in model.graph.node] == ["/pooler/dense/MatMul"]
+
+
 def test_only_products_by_a_weight_are_split_each_in_two_parts_on_one_weight() -> None:
     model = _model()
     onnx_runtime.first_token_apart(model)
