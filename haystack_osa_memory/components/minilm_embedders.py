@@ -19,7 +19,7 @@ the activation scale of dynamic quantization is taken over the whole padded batc
 int8 document vector would depend on the other texts; alone, a fact's vector depends only on its
 text (and equals the int8 query vector of the same text). `precision="int8-cls"` quantizes each linear
 layer's input in two parts, the first token's row and the other tokens' rows, each with its own scale: BERT's
-[CLS] token carries activations ten times the others', which one scale would let set every token's step
+[CLS] token carries activations several times the others', which one scale would let set every token's step
 (docs/traps.md); it is the default for stored facts. Where the quantized kernels are missing the embedder logs
 a warning and runs in float32.
 
