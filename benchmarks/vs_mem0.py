@@ -117,6 +117,7 @@ from benchmarks.mem0_peer import (
     versions,
 )
 from haystack_osa_memory import Caller, Memory, MemoryConfig
+from haystack_osa_memory.components.guarded_text_embedder import stops_itself
 from haystack_osa_memory.embedders import build_embedders
 from haystack_osa_memory.store.database import close_pools
 from haystack_osa_memory.transfer import ImportItem
@@ -206,8 +207,7 @@ class OursSide:
         self.clock = EmbedClock()
         # The method the guarded recall embedder calls: `run_bounded` in the calling thread when the embedder stops
         # at its own budget (ONNX Runtime), else `run` in the guard's thread.
-        bounded = getattr(text_embedder, "bounded", False) is True
-        self.clock.wrap(text_embedder, "run_bounded" if bounded else "run")
+        self.clock.wrap(text_embedder, "run_bounded" if stops_itself(text_embedder) else "run")
 
     def reopen(self) -> OursSide:
         """A fresh instance on the same schema, with fresh connections."""

@@ -17,6 +17,12 @@ from haystack_osa_memory.instruments import observe_embed_batch
 logger = logging.getLogger(__name__)
 
 
+def stops_itself(embedder: Any) -> bool:
+    """Whether ``embedder`` stops its own work at a budget (``bounded`` true, with ``run_bounded(text, timeout)``:
+    `MiniLMTextEmbedder` on ONNX Runtime): `GuardedTextEmbedder` then calls it in the calling thread."""
+    return getattr(embedder, "bounded", False) is True
+
+
 @component
 class GuardedTextEmbedder:
     """Wraps any Haystack text embedder with a time budget; on failure it degrades instead of failing.
@@ -101,7 +107,7 @@ class GuardedTextEmbedder:
             return {"embedding": None, "degraded": self._warm_error}
         observe_embed_batch(1)  # one query per call; a batching embedder reports its batch size
         try:
-            if getattr(self.embedder, "bounded", False) is True:
+            if stops_itself(self.embedder):
                 # It stops its own forward pass at the budget: run here, without a thread hand-off each way.
                 result = self.embedder.run_bounded(text, self.timeout)
             else:

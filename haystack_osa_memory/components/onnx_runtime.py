@@ -108,7 +108,8 @@ def first_token_apart(model: Any) -> int:
     The float graph computes the same thing. Quantized dynamically (`INT8_CLS_FILE`), each part gets its own
     activation scale: BERT's first token ([CLS]) carries values up to ~30 in a few features of every layer's
     feed-forward input and output where the other tokens stay within ~3-12, and one 8-bit scale over the whole
-    tensor left the other tokens a tenth of the resolution (docs/traps.md). Both parts use the same int8 weights.
+    tensor gave the other tokens a step several times coarser than they need (docs/traps.md). Both parts use the
+    same int8 weights.
     """
     from onnx import helper, numpy_helper, shape_inference
 
@@ -264,9 +265,8 @@ def export_files(module: torch.nn.Module, tokenized: dict[str, Any], out: Path) 
             dynamo=False,
         )
         vectors = module(*example).tolist()
-    graph = onnx.load(str(out / FLOAT32_FILE), load_external_data=False).graph
-    keep = feed_forward_outputs([n.name for n in graph.node if n.op_type == "MatMul"])
     apart = onnx.load(str(out / FLOAT32_FILE))
+    keep = feed_forward_outputs([n.name for n in apart.graph.node if n.op_type == "MatMul"])  # before the split
     if not first_token_apart(apart):
         msg = "the exported graph has no matrix product of a hidden state by a weight to split"
         raise ExportError(msg)
