@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
@@ -65,6 +66,10 @@ class RankedFact(NamedTuple):
     fused: float
 
 
+#: A `RankedFact` from a tuple of its fields, without `NamedTuple._make`'s Python call per fact.
+_ranked_fact = partial(tuple.__new__, RankedFact)
+
+
 def _window_sum(x: Floats, window: int) -> Floats:
     """``out[..., i] = x[..., i-window] + ... + x[..., i+window]`` along the last axis (facts beyond either
     end count as absent), summed from the earliest fact on, as PostgreSQL's window ``sum`` does."""
@@ -96,8 +101,9 @@ def _within(values: Floats, eligible: npt.NDArray[np.bool_], k: int) -> npt.NDAr
     return within
 
 
-#: Scopes of up to this many facts rank by one stable sort (`_rank_of`); a bigger one sorts only the values, and
-#: does so too when many of the ranked rows tie (a sort of 10,000 values costs ~0.3 ms, a pass per tie ~10 us).
+#: Scopes of up to this many facts rank by one stable sort per ranking (`_all_ranks`); a bigger one partitions
+#: (`_within`) and sorts only the values (`_rank_of`), and sorts the rows too when many of the ranked rows tie
+#: (a sort of 10,000 values costs ~0.3 ms, a pass per tie ~10 us).
 SORTED_RANKS_MAX = 2048
 TIES_PER_SORT = 300
 
@@ -121,6 +127,16 @@ def _rank_of(values: Floats, eligible: npt.NDArray[np.bool_], rows: npt.NDArray[
     rank = np.zeros(n, dtype=np.int64)
     rank[idx[np.argsort(-values[idx], kind="stable")]] = np.arange(1, idx.shape[0] + 1)
     return rank[rows]
+
+
+def _all_ranks(values: Floats, eligible: npt.NDArray[np.bool_]) -> npt.NDArray[np.int64]:
+    """1-based rank of every row among the eligible rows by value descending, ties by position; 0 for a row that
+    is not eligible. A row is within ``k`` (`_within`) exactly when its rank is between 1 and ``k``."""
+    idx = eligible.nonzero()[0]
+    rank = np.zeros(values.shape[0], dtype=np.int64)
+    if idx.shape[0]:
+        rank[idx[np.argsort(-values[idx], kind="stable")]] = np.arange(1, idx.shape[0] + 1)
+    return rank
 
 
 #: A fact's lexemes travel as one bytes value of big-endian 8-byte ints, one per distinct lexeme:
@@ -198,13 +214,27 @@ class PackedTerms:
         f: Floats = np.zeros((len(query_terms), self.n), dtype=np.float64)
         if not len(query_terms) or not self.hashes.shape[0]:
             return f
-        for t, wanted in enumerate(query_terms):
-            if self._order is not None:
-                lo, hi = np.searchsorted(self._sorted, [wanted, wanted + 1])
-                held = self._order[lo:hi]
-            else:
-                # A handful of query terms: one vectorised comparison each is cheaper than sorting first.
-                held = np.flatnonzero(self.hashes == wanted)
+        if self._order is not None:
+            # Each term's holders by binary search, all terms in one count: term t's facts are bins t * n + row,
+            # each bin adding its term's lexemes in the order a count per term would.
+            wanted = np.asarray(query_terms, dtype=np.int64)
+            lo = np.searchsorted(self._sorted, wanted)
+            hi = np.searchsorted(self._sorted, wanted + 1)
+            many = hi - lo
+            total = int(many.sum())
+            if total:
+                start = np.repeat(lo - (np.cumsum(many) - many), many)
+                held = self._order[start + np.arange(total)]
+                bins = np.repeat(np.arange(len(query_terms)) * self.n, many) + self.rows[held]
+                f = (
+                    np.bincount(bins, weights=self.often[held], minlength=f.size)
+                    .reshape(f.shape)
+                    .astype(np.float64, copy=False)
+                )
+            return f
+        for t, wanted_hash in enumerate(query_terms):
+            # A handful of query terms: one vectorised comparison each is cheaper than sorting first.
+            held = np.flatnonzero(self.hashes == wanted_hash)
             if held.shape[0]:
                 f[t] = np.bincount(self.rows[held], weights=self.often[held], minlength=self.n)
         return f
@@ -289,18 +319,24 @@ def rank_scope(
     cosine: Floats = np.asarray(cos, dtype=np.float64)
     length: Floats = np.asarray(dl, dtype=np.float64)
     has_cos = ~np.isnan(cosine)
-    cdl = length + params.lex_ctx * (_window_sum(length, w) - length)
-    if has_cos.any():
-        cos0 = np.where(has_cos, cosine, 0.0)
-        vector = np.where(has_cos, cos0 + params.vec_ctx * (_window_sum(cos0, w) - cos0), np.nan)
+    any_cos = bool(has_cos.any())
+    packed = terms if isinstance(terms, PackedTerms) else PackedTerms(terms)
+    f = packed.counts_by_term(query_terms)  # (term, fact)
+    any_f = bool(f.any())
+    lex_window = any_f and params.lex_ctx > 0 and w > 0
+    # The lengths', cosines' and term counts' window sums in one pass over one array (row by row the same sums).
+    cos0 = np.where(has_cos, cosine, 0.0) if any_cos else None
+    rows = [length[None, :], *([cos0[None, :]] if cos0 is not None else []), *([f] if lex_window else [])]
+    sums = _window_sum(np.concatenate(rows) if len(rows) > 1 else rows[0], w)
+    cdl = length + params.lex_ctx * (sums[0] - length)
+    if cos0 is not None:
+        vector = np.where(has_cos, cos0 + params.vec_ctx * (sums[1] - cos0), np.nan)
     else:  # a query without an embedding: no vector side (what the arithmetic gives, without it)
         vector = np.full(n, np.nan)
 
     lexical = np.full(n, np.nan)
-    packed = terms if isinstance(terms, PackedTerms) else PackedTerms(terms)
-    f = packed.counts_by_term(query_terms)  # (term, fact)
-    if f.any():
-        tf = f + params.lex_ctx * (_window_sum(f, w) - f) if params.lex_ctx > 0 and w > 0 else f
+    if any_f:
+        tf = f + params.lex_ctx * (sums[sums.shape[0] - f.shape[0] :] - f) if lex_window else f
         present = tf > 0
         if present.any():
             if stats is None:
@@ -343,21 +379,33 @@ def rank_scope(
         fused = np.where(kept & packed.counts_by_term(boost_terms).any(axis=0), fused + params.time_boost, fused)
 
     k = params.k
-    chosen = kept & (_within(lexical, has_lex, k) | _within(vector, has_vec, k) | _within(fused, kept, k))
-    at = np.flatnonzero(chosen)
-    lex_rank = _rank_of(lexical, has_lex, at) if has_lex.any() else np.zeros(at.shape[0], dtype=np.int64)
-    vec_rank = _rank_of(vector, has_vec, at) if has_vec.any() else np.zeros(at.shape[0], dtype=np.int64)
-    return [
-        RankedFact(i, lr if hl else None, ls if hl else None, vr if hv else None, vs if hv else None, fu)
-        for i, hl, lr, ls, hv, vr, vs, fu in zip(
-            at.tolist(),
-            has_lex[at].tolist(),
-            lex_rank.tolist(),
-            lexical[at].tolist(),
-            has_vec[at].tolist(),
-            vec_rank.tolist(),
-            vector[at].tolist(),
-            fused[at].tolist(),
-            strict=True,
-        )
-    ]
+    if n <= SORTED_RANKS_MAX:
+        # Every rank at once, by one stable sort per ranking: a row is within k exactly when its rank is.
+        ranks = np.stack([_all_ranks(lexical, has_lex), _all_ranks(vector, has_vec), _all_ranks(fused, kept)])
+        ranks[ranks == 0] = k + 1
+        at = (kept & (ranks.min(axis=0) <= k)).nonzero()[0]
+        lex_rank, vec_rank = ranks[0, at], ranks[1, at]
+    else:
+        chosen = kept & (_within(lexical, has_lex, k) | _within(vector, has_vec, k) | _within(fused, kept, k))
+        at = np.flatnonzero(chosen)
+        lex_rank = _rank_of(lexical, has_lex, at) if has_lex.any() else np.zeros(at.shape[0], dtype=np.int64)
+        vec_rank = _rank_of(vector, has_vec, at) if has_vec.any() else np.zeros(at.shape[0], dtype=np.int64)
+    lex_at, vec_at = has_lex[at], has_vec[at]
+    columns = (
+        at.tolist(),
+        _or_none(lex_at, lex_rank),
+        _or_none(lex_at, lexical[at]),
+        _or_none(vec_at, vec_rank),
+        _or_none(vec_at, vector[at]),
+        fused[at].tolist(),
+    )
+    return list(map(_ranked_fact, zip(*columns, strict=True)))
+
+
+def _or_none(present: npt.NDArray[np.bool_], values: npt.NDArray[Any]) -> list[Any]:
+    """``values`` as Python numbers, ``None`` where not ``present``."""
+    if present.all():
+        return values.tolist()  # type: ignore[no-any-return]
+    if not present.any():
+        return [None] * present.shape[0]
+    return [v if p else None for p, v in zip(present.tolist(), values.tolist(), strict=True)]

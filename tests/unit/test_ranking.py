@@ -16,6 +16,7 @@ from haystack_osa_memory.store.ranking import (
     PackedTerms,
     RankedFact,
     RankingParams,
+    _all_ranks,
     _rank_of,
     _within,
     rank_scope,
@@ -129,6 +130,21 @@ def test_matches_the_formulas(seed: int, params: RankingParams) -> None:
     rows = _random_scope(rnd, rnd.randint(1, 40), n_terms)
     got = {h.row: (h.lex_rank, h.vec_rank, h.fused) for h in _rank(rows, n_terms, params)}
     want = reference(rows, n_terms, params)
+    assert set(got) == set(want)
+    for i, (lex_rank, vec_rank, fused) in want.items():
+        assert got[i][:2] == (lex_rank, vec_rank), i
+        assert got[i][2] == pytest.approx(fused, abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_scope_past_the_sorted_ranks_matches_the_formulas(seed: int) -> None:
+    """Past `SORTED_RANKS_MAX` facts the ranks come from partitions and binary search instead of one sort per
+    ranking: the same facts, ranks and scores as the formulas give."""
+    rnd = random.Random(100 + seed)
+    rows = _random_scope(rnd, SORTED_RANKS_MAX + rnd.randint(1, 400), 4)
+    params = RankingParams(k=rnd.choice([5, 50]))
+    got = {h.row: (h.lex_rank, h.vec_rank, h.fused) for h in _rank(rows, 4, params)}
+    want = reference(rows, 4, params)
     assert set(got) == set(want)
     for i, (lex_rank, vec_rank, fused) in want.items():
         assert got[i][:2] == (lex_rank, vec_rank), i
@@ -259,9 +275,10 @@ def test_packed_terms_indexed_extended_and_taken_count_as_fresh_ones(seed: int) 
 
 @pytest.mark.parametrize("seed", range(24))
 def test_partitioned_ranks_are_the_sorted_ones(seed: int) -> None:
-    """`_within` (a partition) and `_rank_of` (a stable sort, or past `SORTED_RANKS_MAX` facts binary search)
-    give what a full sort gives: ranks by value descending, ties by position, among eligible rows only; many
-    ties (values from a few levels, zeros of both signs), or few (a bigger scope, values from many levels)."""
+    """`_within` (a partition), `_rank_of` (a stable sort, or past `SORTED_RANKS_MAX` facts binary search)
+    and `_all_ranks` (a stable sort) give what a full sort gives: ranks by value descending, ties by position,
+    among eligible rows only; many ties (values from a few levels, zeros of both signs), or few (a bigger scope,
+    values from many levels)."""
     rnd = np.random.default_rng(seed)
     n = int(rnd.integers(1, 200)) if seed % 4 else int(rnd.integers(SORTED_RANKS_MAX + 1, 3 * SORTED_RANKS_MAX))
     levels = 6 if seed % 8 else 10**6
@@ -275,6 +292,7 @@ def test_partitioned_ranks_are_the_sorted_ones(seed: int) -> None:
     full[order] = np.arange(1, order.shape[0] + 1)
     rows = np.arange(n)
     assert (_rank_of(values, eligible, rows) == full).all()
+    assert (_all_ranks(values, eligible) == full).all()
     for k in (1, 3, 10, n):
         assert (_within(values, eligible, k) == (eligible & (full >= 1) & (full <= k))).all()
 
