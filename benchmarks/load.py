@@ -545,6 +545,9 @@ class WrkPhase:
     profile_ms_per_call: float = 0.0
     #: With ``--store-calls``: the facts the server stored in the phase (what its CPU per call divides).
     stored: int = 0
+    #: Facts per assignment in the server's knowledge base when the phase began and when it ended (a store's search
+    #: reads its whole scope, so what a store costs grows with it; (0, 0) without the server's configuration).
+    scope_facts: tuple[float, float] = (0.0, 0.0)
 
 
 def seed_with(
@@ -616,7 +619,7 @@ def run_wrk_phase(
     raw = None if profile_dir is None else profile_dir / f"{server.replace('/', '_')}_{phase}_{connections}.txt"
     recording = None if raw is None else start_recording(pid, recorded_s, raw)
     counted = calls > 0 and phase == "store" and config is not None
-    facts_before = stored_facts(conn_str, config) if counted and config is not None else 0
+    facts_before = stored_facts(conn_str, config) if config is not None else 0
     before = sampler.cpu()
     result = run_wrk(
         url, tokens, [tag(a) for a in range(len(tokens))], phase, connections, duration, calls if counted else 0
@@ -624,7 +627,8 @@ def run_wrk_phase(
     if counted:
         settled(sampler)
     after = sampler.cpu()
-    stored = stored_facts(conn_str, config) - facts_before if counted and config is not None else 0
+    facts_after = stored_facts(conn_str, config) if config is not None and phase == "store" else facts_before
+    stored = facts_after - facts_before if counted else 0
     shares, samples = None, 0
     if recording is not None and raw is not None:
         _, err = recording.communicate(timeout=60)
@@ -647,7 +651,14 @@ def run_wrk_phase(
         # each process is sampled `RATE` times a second while it holds its interpreter lock
         profile_ms_per_call=round(samples / RATE * 1000 / max(result.per_second * recorded_s, 1e-9), 3),
         stored=stored,
+        scope_facts=(round(facts_before / len(tokens), 1), round(facts_after / len(tokens), 1)),
     )
+
+
+def _scope_facts(span: tuple[float, float]) -> str:
+    """Facts per scope during a phase: ``60`` when it did not change, ``60-135`` when it grew."""
+    start, end = span
+    return f"{start:g}" if start == end else f"{start:g}-{end:g}"
 
 
 def print_wrk(rows: list[WrkPhase], baseline: str | None) -> None:
@@ -665,6 +676,7 @@ def print_wrk(rows: list[WrkPhase], baseline: str | None) -> None:
         "CPU ms/call: server",
         "postgres",
         "PSS MiB (sum)",
+        "facts/scope",
     ):
         table.add_column(col, justify="right")
     for r in rows:
@@ -679,6 +691,7 @@ def print_wrk(rows: list[WrkPhase], baseline: str | None) -> None:
             f"{r.server_cpu_ms:.2f}",
             f"{r.postgres_cpu_ms:.2f}",
             f"{sum(r.pss_mib.values()):.0f}",
+            _scope_facts(r.scope_facts),
         )
     console.print(table)
     if baseline is None:

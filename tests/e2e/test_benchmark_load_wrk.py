@@ -161,13 +161,19 @@ def test_load_benchmark_wrk_smoke(pg_conn_str: str, tmp_path: Path) -> None:
         assert sum(v > 100 for v in r["pss_mib"].values()) >= 2, r
         assert r["rss_mib"].keys() == r["pss_mib"].keys(), r
         assert all(r["rss_mib"][k] >= r["pss_mib"][k] > 0 for k in r["pss_mib"]), r
+        start, end = r["scope_facts"]
         if r["phase"] == "store":
             # 40 stores (or 3 s, whichever first), each one a fact counted in the database, the answered ones
             # and those in flight when wrk stopped
             assert result["requests"] <= 40 or result["seconds"] >= 2.5, r
             assert result["requests"] <= r["stored"] <= result["requests"] + r["connections"], r
+            # the scopes grew by the facts stored, spread over the 3 assignments
+            assert end - start == pytest.approx(r["stored"] / 3, abs=0.1), r
         else:
             assert r["stored"] == 0, r
+            assert start == end == 20, r  # recalls write nothing: the seeded 20 facts per scope
+    stores = [r for r in rows if r["phase"] == "store"]
+    assert stores[1]["scope_facts"][0] == stores[0]["scope_facts"][1]  # the second store phase goes on from the first
     assert "PSS MiB per process" in done.stdout
     assert "RSS: {" in done.stdout
     assert "calls/s" in done.stdout
