@@ -108,6 +108,17 @@ SORTED_RANKS_MAX = 2048
 TIES_PER_SORT = 300
 
 
+def _all_ranks(values: Floats, eligible: npt.NDArray[np.bool_]) -> npt.NDArray[np.int64]:
+    """1-based rank of every row among the eligible rows by value descending, ties by position (a stable sort keeps
+    tied rows in storing order); 0 for a row that is not eligible. A row is within ``k`` (`_within`) exactly when
+    its rank is between 1 and ``k``."""
+    idx = eligible.nonzero()[0]
+    rank = np.zeros(values.shape[0], dtype=np.int64)
+    if idx.shape[0]:
+        rank[idx[np.argsort(-values[idx], kind="stable")]] = np.arange(1, idx.shape[0] + 1)
+    return rank
+
+
 def _rank_of(values: Floats, eligible: npt.NDArray[np.bool_], rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """1-based rank of each of ``rows`` among the eligible rows by value descending, ties by position;
     0 for a row that is not eligible."""
@@ -122,21 +133,7 @@ def _rank_of(values: Floats, eligible: npt.NDArray[np.bool_], rows: npt.NDArray[
             for j in tied:  # ties by position, one pass each: few here
                 ranks[j] += int((np.flatnonzero(eligible & (values == v[j])) < rows[j]).sum())
             return np.where(eligible[rows], ranks, 0)
-    # A stable sort by value descending keeps tied rows in storing order: every rank at once.
-    idx = np.flatnonzero(eligible)
-    rank = np.zeros(n, dtype=np.int64)
-    rank[idx[np.argsort(-values[idx], kind="stable")]] = np.arange(1, idx.shape[0] + 1)
-    return rank[rows]
-
-
-def _all_ranks(values: Floats, eligible: npt.NDArray[np.bool_]) -> npt.NDArray[np.int64]:
-    """1-based rank of every row among the eligible rows by value descending, ties by position; 0 for a row that
-    is not eligible. A row is within ``k`` (`_within`) exactly when its rank is between 1 and ``k``."""
-    idx = eligible.nonzero()[0]
-    rank = np.zeros(values.shape[0], dtype=np.int64)
-    if idx.shape[0]:
-        rank[idx[np.argsort(-values[idx], kind="stable")]] = np.arange(1, idx.shape[0] + 1)
-    return rank
+    return _all_ranks(values, eligible)[rows]
 
 
 #: A fact's lexemes travel as one bytes value of big-endian 8-byte ints, one per distinct lexeme:
@@ -336,7 +333,7 @@ def rank_scope(
 
     lexical = np.full(n, np.nan)
     if any_f:
-        tf = f + params.lex_ctx * (sums[sums.shape[0] - f.shape[0] :] - f) if lex_window else f
+        tf = f + params.lex_ctx * (sums[-f.shape[0] :] - f) if lex_window else f
         present = tf > 0
         if present.any():
             if stats is None:
