@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import database, fresh_schema, machine_info, postmaster_pid
-from haystack_osa_memory import Caller, Memory, MemoryConfig, use_lean_component_spans, use_lean_input_copies
+from haystack_osa_memory import (
+    Caller,
+    Memory,
+    MemoryConfig,
+    use_lean_component_spans,
+    use_lean_input_copies,
+    use_lean_scheduling,
+)
 from haystack_osa_memory.transfer import ImportItem
 
 #: CPU milliseconds per call of one block: this process's, the database cluster's.
@@ -163,6 +170,7 @@ def knowledge_base(prefix: str, embedder: str) -> Iterator[tuple[MemoryConfig, i
     os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
     use_lean_input_copies()  # as `serve` runs
     use_lean_component_spans()
+    use_lean_scheduling()
     with database(f"osa-{prefix}-") as conn_str:
         schema = f"{prefix}_{uuid.uuid4().hex[:8]}"
         config = MemoryConfig(pg_conn_str=conn_str, kb_schema=schema, memory_schema=schema, embedder=embedder)

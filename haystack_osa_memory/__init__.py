@@ -49,6 +49,7 @@ _EXPORTS: dict[str, str] = {
     "build_store_pipeline": "haystack_osa_memory.builders",
     "use_lean_input_copies": "haystack_osa_memory.pipeline_inputs",
     "use_lean_component_spans": "haystack_osa_memory.pipeline_spans",
+    "use_lean_scheduling": "haystack_osa_memory.pipeline_scheduling",
 }
 
 __all__ = [
@@ -87,6 +88,7 @@ __all__ = [
     "shared_memory",
     "use_lean_component_spans",
     "use_lean_input_copies",
+    "use_lean_scheduling",
 ]
 
 if TYPE_CHECKING:
@@ -124,6 +126,7 @@ if TYPE_CHECKING:
     )
     from haystack_osa_memory.memory import Memory, shared_memory
     from haystack_osa_memory.pipeline_inputs import use_lean_input_copies
+    from haystack_osa_memory.pipeline_scheduling import use_lean_scheduling
     from haystack_osa_memory.pipeline_spans import use_lean_component_spans
     from haystack_osa_memory.store.memory_store import MemoryStore
 

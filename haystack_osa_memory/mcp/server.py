@@ -820,11 +820,13 @@ def create_app(verify: Verifier, pipelines_dir: Path | None = None, slots: CallS
     from starlette.routing import Mount, Route
 
     from haystack_osa_memory.pipeline_inputs import use_lean_input_copies
+    from haystack_osa_memory.pipeline_scheduling import use_lean_scheduling
     from haystack_osa_memory.pipeline_spans import use_lean_component_spans
 
     without_trace_buffer()
     use_lean_input_copies()  # Haystack's per-component input copy, same result, ~1 ms less per recall
     use_lean_component_spans()  # no tags worked out for spans no tracer records
+    use_lean_scheduling()  # Haystack's component priorities, same result, worked out in one pass
     registry = load_pipeline_registry(pipelines_dir or default_pipelines_dir())
     server = create_mcp_server(name="osa-memory", registry=registry)
     # Without a version the MCP SDK looks up its own package's version in the installed metadata on
