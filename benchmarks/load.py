@@ -4,13 +4,15 @@ Usage::
 
     python benchmarks/load.py --clients 32 --assignments 16 --facts 200
     python benchmarks/load.py --sweep 1,4,16,32,64 --assignments 16 --facts 200 --plot load.png --json load.json
-    python benchmarks/load.py --driver wrk --connections 1,32 [--compare REV] [--profile DIR] [--store-calls N]
+    python benchmarks/load.py --driver wrk --connections 1,32 [--compare REV [--rounds N]] [--profile DIR]
+        [--store-calls N]
 
 ``--driver wrk`` drives the server with wrk instead (benchmarks/README.md); ``--profile DIR`` records the
 server with py-spy during each phase and prints where its Python time went (`benchmarks.profile_shares`);
 ``--store-calls N`` ends each store phase after N stores, so that two servers compared side by side store the
 same facts (a store's search reads its whole scope, one fact bigger after every store: a faster server would
-otherwise be measured on bigger scopes).
+otherwise be measured on bigger scopes); ``--rounds N`` runs each phase N times per server, the two servers taking
+turns going first, and compares the pooled figures (the second of two back-to-back phases costs more).
 
 What it does, in one run:
 
@@ -40,6 +42,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -548,6 +551,10 @@ class WrkPhase:
     #: Facts per assignment in the server's knowledge base when the phase began and when it ended (a store's search
     #: reads its whole scope, so what a store costs grows with it; (0, 0) without the server's configuration).
     scope_facts: tuple[float, float] = (0.0, 0.0)
+    #: The round this phase ran in (``--rounds``: the servers take turns going first) and the calls its CPU
+    #: per call divides (the answered calls, or with ``--store-calls`` the facts stored).
+    round: int = 0
+    calls: int = 0
 
 
 def seed_with(
@@ -608,6 +615,7 @@ def run_wrk_phase(
     profile_dir: Path | None = None,
     config: MemoryConfig | None = None,
     calls: int = 0,
+    round_: int = 0,
 ) -> WrkPhase:
     """One wrk phase against one server. With ``calls`` (stores only, ``config`` naming the server's knowledge
     base), it ends after that many stores, and its CPU per call divides by the facts the server stored: those
@@ -616,7 +624,11 @@ def run_wrk_phase(
     sampler = RssSampler(pid, postmaster_pid(conn_str))
     # Shorter than the phase by a second, so that it ends while wrk still drives the server.
     recorded_s = max(int(duration) - 1, 1)
-    raw = None if profile_dir is None else profile_dir / f"{server.replace('/', '_')}_{phase}_{connections}.txt"
+    raw = (
+        None
+        if profile_dir is None
+        else profile_dir / f"{server.replace('/', '_')}_{phase}_{connections}{f'_r{round_ + 1}' if round_ else ''}.txt"
+    )
     recording = None if raw is None else start_recording(pid, recorded_s, raw)
     counted = calls > 0 and phase == "store" and config is not None
     facts_before = stored_facts(conn_str, config) if config is not None else 0
@@ -652,6 +664,8 @@ def run_wrk_phase(
         profile_ms_per_call=round(samples / RATE * 1000 / max(result.per_second * recorded_s, 1e-9), 3),
         stored=stored,
         scope_facts=(round(facts_before / len(tokens), 1), round(facts_after / len(tokens), 1)),
+        round=round_,
+        calls=done_calls,
     )
 
 
@@ -661,12 +675,23 @@ def _scope_facts(span: tuple[float, float]) -> str:
     return f"{start:g}" if start == end else f"{start:g}-{end:g}"
 
 
+def _pooled(rows: list[WrkPhase]) -> tuple[float, float, float]:
+    """Over the rounds of one server's phase: calls per second (all calls over all seconds), server + PostgreSQL
+    CPU milliseconds per call (all CPU over all calls), and the median p99."""
+    calls = sum(max(r.calls, 1) for r in rows)
+    per_second = sum(r.result.requests for r in rows) / max(sum(r.result.seconds for r in rows), 1e-9)
+    cpu = sum((r.server_cpu_ms + r.postgres_cpu_ms) * max(r.calls, 1) for r in rows) / calls
+    return per_second, cpu, statistics.median(r.result.latency_ms["p99"] for r in rows)
+
+
 def print_wrk(rows: list[WrkPhase], baseline: str | None) -> None:
+    rounds = max((r.round for r in rows), default=0) + 1
     table = Table(title="osa-memory serve driven by wrk (raw JSON-RPC tools/call, stateless)")
     for col in (
         "server",
         "phase",
         "conns",
+        *(["round"] if rounds > 1 else []),
         "calls/s",
         "p50 ms",
         "p90 ms",
@@ -684,6 +709,7 @@ def print_wrk(rows: list[WrkPhase], baseline: str | None) -> None:
             r.server,
             r.phase,
             str(r.connections),
+            *([str(r.round + 1)] if rounds > 1 else []),
             f"{r.result.per_second:.1f}",
             *(f"{r.result.latency_ms[q]:.1f}" for q in ("p50", "p90", "p99")),
             str(r.result.errors),
@@ -696,25 +722,25 @@ def print_wrk(rows: list[WrkPhase], baseline: str | None) -> None:
     console.print(table)
     if baseline is None:
         return
-    ratios = Table(title=f"current / {baseline} (same run)")
-    for col in ("phase", "conns", "calls/s", "p99 ms", "CPU ms/call (server + postgres)"):
+    title = f"current / {baseline} (same run" + (
+        f", {rounds} rounds pooled, servers taking turns first)" if rounds > 1 else ")"
+    )
+    ratios = Table(title=title)
+    columns = ["phase", "conns", "calls/s", "p99 ms", "CPU ms/call (server + postgres)"]
+    for col in columns + (["CPU ratio per round (min-max)"] if rounds > 1 else []):
         ratios.add_column(col, justify="right")
-    for r in rows:
-        if r.server != "current":
+    for phase, conns in dict.fromkeys((r.phase, r.connections) for r in rows):
+        ours = [r for r in rows if r.server == "current" and (r.phase, r.connections) == (phase, conns)]
+        theirs = [r for r in rows if r.server == baseline and (r.phase, r.connections) == (phase, conns)]
+        if not ours or not theirs:
             continue
-        old = next(
-            (o for o in rows if o.server == baseline and (o.phase, o.connections) == (r.phase, r.connections)), None
-        )
-        if old is None:
-            continue
-        ratio = (r.server_cpu_ms + r.postgres_cpu_ms) / max(old.server_cpu_ms + old.postgres_cpu_ms, 1e-9)
-        ratios.add_row(
-            r.phase,
-            str(r.connections),
-            f"{r.result.per_second / max(old.result.per_second, 1e-9):.2f}x",
-            f"{r.result.latency_ms['p99'] / max(old.result.latency_ms['p99'], 1e-9):.2f}x",
-            f"{ratio:.2f}x",
-        )
+        (rate, cpu, p99), (old_rate, old_cpu, old_p99) = _pooled(ours), _pooled(theirs)
+        cells = [phase, str(conns), f"{rate / max(old_rate, 1e-9):.2f}x", f"{p99 / max(old_p99, 1e-9):.2f}x"]
+        cells.append(f"{cpu / max(old_cpu, 1e-9):.2f}x")
+        if rounds > 1:
+            each = [_pooled([o])[1] / max(_pooled([t])[1], 1e-9) for o, t in zip(ours, theirs, strict=False)]
+            cells.append(f"{min(each):.2f}-{max(each):.2f}x")
+        ratios.add_row(*cells)
     console.print(ratios)
 
 
@@ -741,25 +767,35 @@ def main_wrk(args: argparse.Namespace, report: Report) -> list[WrkPhase]:
                     running.append((label, url, pid, tokens, config))
                 for phase in phases:
                     for conns in connections:
-                        for label, url, pid, tokens, config in running:  # side by side: one server, then the other
-                            counted = phase == "store" and args.store_calls > 0
-                            until = f"{args.store_calls} stores or " if counted else ""
-                            console.print(f"{label}: {phase}, {conns} connections for {until}{args.duration:.0f} s ...")
-                            rows.append(
-                                run_wrk_phase(
-                                    label,
-                                    url,
-                                    pid,
-                                    tokens,
-                                    phase,
-                                    conns,
-                                    args.duration,
-                                    conn_str,
-                                    args.profile,
-                                    config=config,
-                                    calls=args.store_calls,
+                        for round_ in range(args.rounds):
+                            # Side by side: one server, then the other; in every other round the other goes first
+                            # (the second of two back-to-back phases measured up to 1.1x the CPU per call of the
+                            # first, serving the same code: benchmarks/README.md, "Which server goes first").
+                            turns = running if round_ % 2 == 0 else running[::-1]
+                            for label, url, pid, tokens, config in turns:
+                                counted = phase == "store" and args.store_calls > 0
+                                until = f"{args.store_calls} stores or " if counted else ""
+                                console.print(
+                                    f"{label}: {phase}, {conns} connections for {until}{args.duration:.0f} s"
+                                    + (f" (round {round_ + 1} of {args.rounds})" if args.rounds > 1 else "")
+                                    + " ..."
                                 )
-                            )
+                                rows.append(
+                                    run_wrk_phase(
+                                        label,
+                                        url,
+                                        pid,
+                                        tokens,
+                                        phase,
+                                        conns,
+                                        args.duration,
+                                        conn_str,
+                                        args.profile,
+                                        config=config,
+                                        calls=args.store_calls,
+                                        round_=round_,
+                                    )
+                                )
     finally:
         if checkout is not None:
             remove_worktree(checkout, REPO)
@@ -771,7 +807,14 @@ def main_wrk(args: argparse.Namespace, report: Report) -> list[WrkPhase]:
         print(f"\nWhere the server's Python time went (py-spy --gil samples, raw files in {args.profile}; py-spy")
         print("pauses the server for each sample: this run's CPU figures do not compare with an unprofiled run's).")
         print("Share of the samples, and the milliseconds per call it stands for (samples / rate / calls):")
-        columns = [(f"{r.server[:8]} {r.phase} x{r.connections}", r.profile or {}, r.profile_samples) for r in profiled]
+        columns = [
+            (
+                f"{r.server[:8]} {r.phase} x{r.connections}" + (f" r{r.round + 1}" if r.round else ""),
+                r.profile or {},
+                r.profile_samples,
+            )
+            for r in profiled
+        ]
         print(format_table(columns, [r.profile_ms_per_call for r in profiled]))
     report.results = []  # the wrk rows are written instead
     if args.json:
@@ -822,7 +865,17 @@ def main(argv: list[str] | None = None) -> Report:
         "servers compared side by side store the same facts: a store's search reads its scope, which each "
         "store makes one fact bigger (--driver wrk; default 0: --duration alone).",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="Run each phase N times per server, the servers taking turns going first, and compare the pooled "
+        "figures (--driver wrk with --compare; default 1).",
+    )
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be 1 or more")
     if args.store_calls < 0:
         parser.error("--store-calls must be 0 (off) or a number of stores")
     if min(args.clients, args.assignments, args.client_processes) < 1 or args.facts < 0 or args.duration <= 0:

@@ -216,3 +216,36 @@ def test_profile_needs_the_wrk_driver() -> None:
     done = run_benchmark(HARNESS, ["--driver", "mcp", "--profile", "x"], succeeds=False)
     assert done.returncode == 2
     assert "--profile needs --driver wrk" in done.stderr
+
+
+def test_load_benchmark_wrk_rounds_take_turns(pg_conn_str: str, tmp_path: Path) -> None:
+    """`--compare REV --rounds 2`: each phase runs twice per server, the baseline first in round 1 and second
+    in round 2, and the ratios pool both rounds."""
+    out = tmp_path / "load.json"
+    args = [
+        "--driver", "wrk",
+        "--phases", "recall",
+        "--connections", "2",
+        "--assignments", "2",
+        "--facts", "10",
+        "--duration", "2",
+        "--workers", "1",
+        "--embedder", "none",
+        "--compare", "HEAD",
+        "--rounds", "2",
+        "--json", str(out),
+    ]  # fmt: skip
+    done = run_benchmark(HARNESS, args, pg_conn_str)
+    rows = json.loads(out.read_text())["wrk"]
+    assert [(r["server"], r["round"]) for r in rows] == [("HEAD", 0), ("current", 0), ("current", 1), ("HEAD", 1)]
+    for r in rows:
+        assert r["calls"] == r["result"]["requests"] > 0, r
+        assert r["result"]["errors"] == r["result"]["cross_scope"] == 0, r
+    assert "2 rounds pooled, servers taking turns first" in done.stdout
+    assert "CPU ratio per round" in done.stdout
+
+
+def test_rounds_must_be_positive() -> None:
+    done = run_benchmark(HARNESS, ["--driver", "wrk", "--rounds", "0"], succeeds=False)
+    assert done.returncode == 2
+    assert "--rounds must be 1 or more" in done.stderr
