@@ -4,9 +4,9 @@
 again after each component that leaves its queue stale: twelve times in a run of a three-component chain such
 as recall's. Each time, Haystack's checks (``haystack.core.pipeline.component_checks``) walk the component's
 sockets and their inputs six times over, through nested generators, and ``_find_receivers_from`` builds a
-networkx edge view per component per run: together a tenth of a lexical recall's CPU in process
-(benchmarks/README.md, "Lean serving"). `lean_priority` decides the same priority in one pass, and
-`lean_receivers` lists the same receivers, in the same order, from the graph's successors.
+networkx edge view per component per run: together about a fifth of what `Pipeline.run` itself costs per run
+of the recall and store pipelines (`benchmarks/scheduling.py`). `lean_priority` decides the same priority in one
+pass, and `lean_receivers` lists the same receivers, in the same order, from the graph's successors.
 
 `use_lean_scheduling` puts both in Haystack's pipeline class, only while Haystack's own versions are the
 ones these were checked against (`HAYSTACK_SOURCES`: a digest of their source); after an upgrade that
@@ -41,6 +41,7 @@ HAYSTACK_SOURCES = (
 )
 
 _NO_OUTPUT = _NoOutputProduced
+_NONE: list[dict[str, Any]] = []  # a socket without inputs (never written to)
 _BLOCKED, _HIGHEST = ComponentPriority.BLOCKED, ComponentPriority.HIGHEST
 _READY, _DEFER = ComponentPriority.READY, ComponentPriority.DEFER
 
@@ -71,8 +72,9 @@ def lean_priority(comp: dict[str, Any], comp_inputs: dict[str, list[dict[str, An
     """
     mandatory_filled = all_filled = executed = no_senders = True
     from_predecessor = greedy_ready = False
+    get = comp_inputs.get
     for name, socket in comp["input_sockets"].items():
-        inputs = comp_inputs.get(name, [])
+        inputs = get(name) or _NONE
         senders = socket.senders
         if socket.is_greedy or socket.is_lazy_variadic:
             produced = [i for i in inputs if not isinstance(i["value"], _NO_OUTPUT)]
@@ -84,12 +86,15 @@ def lean_priority(comp: dict[str, Any], comp_inputs: dict[str, list[dict[str, An
             filled = received or (socket.is_lazy_variadic and bool(produced))
             from_predecessor = from_predecessor or bool(sent)
             greedy_ready = greedy_ready or (socket.is_greedy and received)
-        else:
-            filled = bool(inputs) and not isinstance(inputs[0]["value"], _NO_OUTPUT)
+        elif inputs:
+            filled = not isinstance(inputs[0]["value"], _NO_OUTPUT)
             if not from_predecessor:
-                from_predecessor = any(
-                    i["sender"] is not None and not isinstance(i["value"], _NO_OUTPUT) for i in inputs
-                )
+                for i in inputs:
+                    if i["sender"] is not None and not isinstance(i["value"], _NO_OUTPUT):
+                        from_predecessor = True
+                        break
+        else:
+            filled = False
         if not filled:
             if socket.is_mandatory:
                 mandatory_filled = all_filled = False
@@ -97,9 +102,16 @@ def lean_priority(comp: dict[str, Any], comp_inputs: dict[str, list[dict[str, An
                 all_filled = False
         if senders:
             no_senders = False
-            executed = executed and set(senders) == {i["sender"] for i in inputs if i["sender"] is not None}
+            if executed:
+                if len(senders) == 1 and len(inputs) <= 1:  # the usual socket: one sender, one value or none
+                    executed = bool(inputs) and inputs[0]["sender"] == senders[0]
+                else:
+                    executed = set(senders) == {i["sender"] for i in inputs if i["sender"] is not None}
         elif executed:
-            executed = all(i["sender"] is None for i in inputs)
+            for i in inputs:
+                if i["sender"] is not None:
+                    executed = False
+                    break
     first_visit = comp["visits"] == 0
     triggered = from_predecessor or (
         first_visit and (no_senders or any(i for values in comp_inputs.values() for i in values if i["sender"] is None))
