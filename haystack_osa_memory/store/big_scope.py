@@ -97,11 +97,26 @@ BIG_SCOPE_LEXICAL = sql.SQL(
               WHERE w.key = ANY(t.term_keys)) DESC, t.seq DESC
     LIMIT %(lexical_k)s"""
 )
+# The nearest vectors: from the HNSW index, which holds the rows written once their scope was past
+# `fact_writing.VECTOR_INDEX_FROM` facts (and every row written before schema 12), and, ranked exactly, the
+# scope's rows left out of it (at most that many, found through their own small index): the nearest of both.
 BIG_SCOPE_VECTOR = sql.SQL(
-    """SELECT t.seq FROM {schema}.osa_fact_terms t
-    WHERE t.org_id = %(org_id)s AND t.assignment_id = %(assignment_id)s
-    ORDER BY t.embedding::vector({dimension}) <=> %(embedding)s::vector({dimension})
-    LIMIT %(vector_k)s"""
+    """SELECT v.seq FROM (
+    (SELECT t.seq, t.embedding::vector({dimension}) <=> %(embedding)s::vector({dimension}) AS distance
+     FROM {schema}.osa_fact_terms t
+     WHERE t.org_id = %(org_id)s AND t.assignment_id = %(assignment_id)s AND t.vector_indexed
+     ORDER BY t.embedding::vector({dimension}) <=> %(embedding)s::vector({dimension})
+     LIMIT %(vector_k)s)
+    UNION ALL
+    (SELECT t.seq, t.embedding::vector({dimension}) <=> %(embedding)s::vector({dimension}) AS distance
+     FROM {schema}.osa_fact_terms t
+     WHERE t.org_id = %(org_id)s AND t.assignment_id = %(assignment_id)s AND NOT t.vector_indexed
+       AND t.embedding IS NOT NULL
+     ORDER BY 2
+     LIMIT %(vector_k)s)
+) v
+ORDER BY v.distance
+LIMIT %(vector_k)s"""
 )
 # Session settings for the vector side: without the iterative scan, an HNSW scan filtered by scope would
 # return fewer rows than asked when the scope is a small part of the table.

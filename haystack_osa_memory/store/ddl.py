@@ -204,6 +204,24 @@ CREATE_TERMS_VECTOR_INDEX = sql.SQL(
     """CREATE INDEX CONCURRENTLY IF NOT EXISTS osa_fact_terms_embedding_idx ON {schema}.osa_fact_terms
     USING hnsw ((embedding::vector({dimension})) vector_cosine_ops)"""
 )
+# Version 12: only big scopes' rows in the vector index. The HNSW index of osa_fact_terms serves recall in scopes
+# past `big_scope.EXACT_SCOPE_MAX` facts that the process cannot hold in memory, yet every hybrid write paid
+# its insert (most of a hybrid store's PostgreSQL time beyond a lexical one's, benchmarks/README.md). A row
+# written while its scope holds fewer than `fact_writing.VECTOR_INDEX_FROM` recall rows is left out
+# (``vector_indexed`` false) and found through a small index of such rows instead, ranked exactly beside the
+# HNSW's candidates (`big_scope.BIG_SCOPE_VECTOR`). Rows written before, and rows other tools insert, stay in.
+ADD_TERMS_VECTOR_FLAG = sql.SQL(
+    "ALTER TABLE {schema}.osa_fact_terms ADD COLUMN IF NOT EXISTS vector_indexed BOOLEAN NOT NULL DEFAULT true"
+)
+CREATE_TERMS_BIG_VECTOR_INDEX = sql.SQL(
+    """CREATE INDEX CONCURRENTLY IF NOT EXISTS osa_fact_terms_vector_big_idx ON {schema}.osa_fact_terms
+    USING hnsw ((embedding::vector({dimension})) vector_cosine_ops) WHERE vector_indexed"""
+)
+CREATE_TERMS_UNINDEXED_INDEX = sql.SQL(
+    """CREATE INDEX CONCURRENTLY IF NOT EXISTS osa_fact_terms_unindexed_idx ON {schema}.osa_fact_terms
+    (org_id, assignment_id) WHERE NOT vector_indexed"""
+)
+DROP_TERMS_VECTOR_INDEX = sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {schema}.osa_fact_terms_embedding_idx")
 # A fact's row in osa_fact_terms is dropped when other tools change or delete its chunk (content or
 # vector), so recall falls back to reading the chunk. Our own write changes both in one statement;
 # row triggers fire at its end, when the two agree again, and leave the row alone. SECURITY DEFINER

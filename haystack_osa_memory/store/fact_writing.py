@@ -27,6 +27,14 @@ from haystack_osa_memory.tools import (
     SUPERSEDED,
 )
 
+#: A fact's recall row goes into the vector index (HNSW) of osa_fact_terms once its scope holds this many recall
+#: rows when it is written; the rows written before stay out (`ddl.ADD_TERMS_VECTOR_FLAG`) and the big-scope path
+#: ranks them exactly beside the index's candidates (`big_scope.BIG_SCOPE_VECTOR`). Only scopes past
+#: `big_scope.EXACT_SCOPE_MAX` facts that the process does not hold in memory read the index, and its insert was
+#: most of what a hybrid store cost PostgreSQL beyond a lexical one; at most this many rows per scope are ranked
+#: exactly there.
+VECTOR_INDEX_FROM = 500
+
 # Upsert by deterministic id. Only a person's review moves a fact out of a held status
 # (`tools.HELD_STATUSES`: proposed, flagged, rejected) into recall, so storing the same text keeps the
 # status a review or feedback gave it, and so does its valid_from unless the store names one. A retired
@@ -99,9 +107,15 @@ c AS (
 ),
 t AS (
     INSERT INTO {schema}.osa_fact_terms
-        (document_id, language, content_md5, terms, dl, content_hash, embedding, org_id, assignment_id, seq, term_keys)
+        (document_id, language, content_md5, terms, dl, content_hash, embedding, org_id, assignment_id, seq, term_keys,
+         vector_indexed)
     SELECT %(chunk_id)s, %(language)s, md5(%(content)s), ls.terms, ls.dl, %(content_hash)s, %(embedding)s::vector,
-           %(org_id)s, %(assignment_id)s, g.seq, {term_keys}
+           %(org_id)s, %(assignment_id)s, g.seq, {term_keys},
+           -- into the HNSW once its scope holds VECTOR_INDEX_FROM recall rows (a row without a vector has no entry)
+           CASE WHEN %(embedding)s::vector IS NULL THEN true
+                ELSE (SELECT count(*) FROM (SELECT 1 FROM {schema}.osa_fact_terms x
+                                            WHERE x.org_id = %(org_id)s AND x.assignment_id = %(assignment_id)s
+                                            LIMIT %(vector_index_from)s) n) >= %(vector_index_from)s END
     FROM g, (SELECT to_tsvector(%(language)s::regconfig,
                     regexp_replace(%(content)s, '^<!-- osa-memory:scope [^\n]* -->\n', '')) AS tsv
              OFFSET 0) x,  -- tokenised once (see SCOPE_ROWS)
@@ -110,7 +124,7 @@ t AS (
         language = EXCLUDED.language, content_md5 = EXCLUDED.content_md5, terms = EXCLUDED.terms, dl = EXCLUDED.dl,
         content_hash = EXCLUDED.content_hash, embedding = EXCLUDED.embedding,
         org_id = EXCLUDED.org_id, assignment_id = EXCLUDED.assignment_id, seq = EXCLUDED.seq,
-        term_keys = EXCLUDED.term_keys
+        term_keys = EXCLUDED.term_keys, vector_indexed = EXCLUDED.vector_indexed
 )
 SELECT g.id, g.status, g.held_again_after FROM g"""
 )
@@ -261,6 +275,7 @@ class FactWriting:
                 "kind": row["metadata"].get("kind"),
                 "chunk_id": chunk["id"],
                 "embedding": vector_parameter(chunk.get("embedding")),
+                "vector_index_from": VECTOR_INDEX_FROM,
                 "content": chunk["content"],
                 "meta": json.dumps(chunk["meta"]),
                 "language": self.config.language,
