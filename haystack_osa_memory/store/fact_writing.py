@@ -32,7 +32,7 @@ from haystack_osa_memory.tools import (
 #: ranks them exactly beside the index's candidates (`big_scope.BIG_SCOPE_VECTOR`). Only scopes past
 #: `big_scope.EXACT_SCOPE_MAX` facts that the process does not hold in memory read the index, and its insert was
 #: most of what a hybrid store cost PostgreSQL beyond a lexical one; at most this many rows per scope are ranked
-#: exactly there.
+#: exactly there. (A row without a vector has no entry either way: it is written as indexed, without counting.)
 VECTOR_INDEX_FROM = 500
 
 # Upsert by deterministic id. Only a person's review moves a fact out of a held status
@@ -111,11 +111,9 @@ t AS (
          vector_indexed)
     SELECT %(chunk_id)s, %(language)s, md5(%(content)s), ls.terms, ls.dl, %(content_hash)s, %(embedding)s::vector,
            %(org_id)s, %(assignment_id)s, g.seq, {term_keys},
-           -- into the HNSW once its scope holds VECTOR_INDEX_FROM recall rows (a row without a vector has no entry)
-           CASE WHEN %(embedding)s::vector IS NULL THEN true
-                ELSE (SELECT count(*) FROM (SELECT 1 FROM {schema}.osa_fact_terms x
-                                            WHERE x.org_id = %(org_id)s AND x.assignment_id = %(assignment_id)s
-                                            LIMIT %(vector_index_from)s) n) >= %(vector_index_from)s END
+           %(embedding)s IS NULL OR (SELECT count(*) FROM (SELECT FROM {schema}.osa_fact_terms x
+               WHERE x.org_id = %(org_id)s AND x.assignment_id = %(assignment_id)s LIMIT %(vector_index_from)s) n)
+               >= %(vector_index_from)s
     FROM g, (SELECT to_tsvector(%(language)s::regconfig,
                     regexp_replace(%(content)s, '^<!-- osa-memory:scope [^\n]* -->\n', '')) AS tsv
              OFFSET 0) x,  -- tokenised once (see SCOPE_ROWS)

@@ -62,7 +62,9 @@ def test_sign_in_exchanges_the_token_once_for_a_session(
         assert attribute.lower() in cookie.lower()
     assert "secure" not in cookie.lower()  # plain http: a Secure cookie would never come back
     assert token not in cookie
-    assert token.split("_")[-1] not in answer.headers.get("location", "")
+    secret = token.split("_", 2)[2]  # osam_<token id>_<secret> (the secret itself may hold "_")
+    assert len(secret) >= 32
+    assert secret not in answer.headers.get("location", "")
     first = browser.client.cookies["osam_console"]
     page = browser.get("/queue")
     assert page.status_code == 200
@@ -312,7 +314,9 @@ def test_admin_pages_switches_and_tokens(
     listing = browser.get("/tokens").text
     assert agent.token_id in listing
     assert foreign.token_id not in listing
-    assert agent.token.split("_")[-1] not in listing
+    secret = agent.token.split(f"{agent.token_id}_", 1)[1]  # (the secret itself may hold "_")
+    assert len(secret) >= 32
+    assert secret not in listing
     assert browser.post(f"/tokens/{foreign.token_id}/revoke", {"csrf": csrf}).status_code == 404
     assert TokenStore(pg_conn_str, config).verify(foreign.token).org_id == "globex"
     assert browser.post(f"/tokens/{agent.token_id}/revoke", {"csrf": csrf}).status_code == 303
