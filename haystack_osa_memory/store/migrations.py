@@ -85,6 +85,17 @@ from haystack_osa_memory.store.steps import (
 )
 
 
+def _terms_index(template: sql.SQL) -> Step:
+    """A ``CREATE`` (or ``DROP``) ``INDEX CONCURRENTLY`` on osa_fact_terms, run on its own: writers go on meanwhile.
+    ``template`` may name the embedding's ``{dimension}``."""
+    return Step(
+        lambda n: template.format(schema=n.kb, dimension=sql.Literal(n.config.embedding_dimension)),
+        terms_table,
+        SHARE_UPDATE_EXCLUSIVE,
+        in_transaction=False,
+    )
+
+
 def _index(template: sql.SQL, suffix: str, table: str) -> Callable[[Names], Statement]:
     """A ``CREATE INDEX CONCURRENTLY`` on the chunk or governing table: their writers go on meanwhile."""
 
@@ -300,26 +311,9 @@ MIGRATIONS: tuple[Migration, ...] = (
                 terms_table,
                 ROW_EXCLUSIVE + "; reads the governing table",
             ),
-            Step(
-                lambda n: CREATE_TERMS_SCOPE_INDEX.format(schema=n.kb),
-                terms_table,
-                SHARE_UPDATE_EXCLUSIVE,
-                in_transaction=False,
-            ),
-            Step(
-                lambda n: CREATE_TERMS_KEYS_INDEX.format(schema=n.kb),
-                terms_table,
-                SHARE_UPDATE_EXCLUSIVE,
-                in_transaction=False,
-            ),
-            Step(
-                lambda n: CREATE_TERMS_VECTOR_INDEX.format(
-                    schema=n.kb, dimension=sql.Literal(n.config.embedding_dimension)
-                ),
-                terms_table,
-                SHARE_UPDATE_EXCLUSIVE,
-                in_transaction=False,
-            ),
+            _terms_index(CREATE_TERMS_SCOPE_INDEX),
+            _terms_index(CREATE_TERMS_KEYS_INDEX),
+            _terms_index(CREATE_TERMS_VECTOR_INDEX),
         ),
     ),
     Migration(
@@ -358,26 +352,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         "left out of the HNSW and ranked exactly beside it (a cheaper hybrid store)",
         (
             Step(lambda n: ADD_TERMS_VECTOR_FLAG.format(schema=n.kb), terms_table, ACCESS_EXCLUSIVE),
-            Step(
-                lambda n: CREATE_TERMS_BIG_VECTOR_INDEX.format(
-                    schema=n.kb, dimension=sql.Literal(n.config.embedding_dimension)
-                ),
-                terms_table,
-                SHARE_UPDATE_EXCLUSIVE,
-                in_transaction=False,
-            ),
-            Step(
-                lambda n: CREATE_TERMS_UNINDEXED_INDEX.format(schema=n.kb),
-                terms_table,
-                SHARE_UPDATE_EXCLUSIVE,
-                in_transaction=False,
-            ),
-            Step(
-                lambda n: DROP_TERMS_VECTOR_INDEX.format(schema=n.kb),
-                terms_table,
-                SHARE_UPDATE_EXCLUSIVE,
-                in_transaction=False,
-            ),
+            _terms_index(CREATE_TERMS_BIG_VECTOR_INDEX),
+            _terms_index(CREATE_TERMS_UNINDEXED_INDEX),
+            _terms_index(DROP_TERMS_VECTOR_INDEX),
         ),
     ),
 )
