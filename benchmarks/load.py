@@ -12,7 +12,7 @@ server with py-spy during each phase and prints where its Python time went (`ben
 ``--store-calls N`` ends each store phase after N stores, so that two servers compared side by side store the
 same facts (a store's search reads its whole scope, one fact bigger after every store: a faster server would
 otherwise be measured on bigger scopes); ``--rounds N`` runs each phase N times per server, the two servers taking
-turns going first, and compares the pooled figures (the second of two back-to-back phases costs more).
+turns going first, and compares the pooled figures (one phase per server does not resolve a 10% difference).
 
 What it does, in one run:
 
@@ -769,8 +769,8 @@ def main_wrk(args: argparse.Namespace, report: Report) -> list[WrkPhase]:
                     for conns in connections:
                         for round_ in range(args.rounds):
                             # Side by side: one server, then the other; in every other round the other goes first
-                            # (the second of two back-to-back phases measured up to 1.1x the CPU per call of the
-                            # first, serving the same code: benchmarks/README.md, "Which server goes first").
+                            # (the same code served twice measured 0.87-1.11x the CPU per call between back-to-back
+                            # phases: benchmarks/README.md, "The same code served twice").
                             turns = running if round_ % 2 == 0 else running[::-1]
                             for label, url, pid, tokens, config in turns:
                                 counted = phase == "store" and args.store_calls > 0

@@ -5,10 +5,8 @@ Rows written before the upgrade stay in the index."""
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
-import numpy as np
 import psycopg
 import pytest
 from haystack.components.embedders import MockDocumentEmbedder, MockTextEmbedder
@@ -20,19 +18,11 @@ from haystack_osa_memory.store.big_scope import BIG_SCOPE_SETTINGS
 from haystack_osa_memory.store.parameters import vector_parameter
 from haystack_osa_memory.store.schema import ensure_schema
 from tests.conftest import drop_schema, new_schema_config
+from tests.integration.test_scope_cache import words_embedding  # a bag of hashed words: texts sharing words are near
 
 pytestmark = pytest.mark.integration
 
-DIM = 384  # the test schema's
 FROM = 8  # VECTOR_INDEX_FROM in these tests
-
-
-def words_embedding(text: str) -> list[float]:
-    """A bag of hashed words: texts sharing words are near."""
-    v = np.zeros(DIM)
-    for word in text.lower().replace("?", " ").replace(".", " ").split():
-        v[int(hashlib.sha256(word.encode()).hexdigest(), 16) % DIM] += 1.0
-    return [float(x) for x in v]
 
 
 def hybrid(config: MemoryConfig) -> Memory:
