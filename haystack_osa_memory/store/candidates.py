@@ -1,6 +1,7 @@
-"""A scope's candidates: the exact path, which reads every fact of a scope in one statement (`SCOPE_ROWS`)
-and ranks them here, the hits either path returns (`ScopeHit`), and the text of the few facts a recall
-returns, read with the scope checked again (`SCOPE_FACTS`, `Candidate`).
+"""A scope's candidates: the exact path, which reads every fact of a scope in one statement with the query's
+terms (`SCOPE_RECALL_ROWS`; `SCOPE_ROWS` when a fact lacks its recall row) and ranks them here, the hits either
+path returns (`ScopeHit`), and the text of the few facts a recall returns, read with the scope checked again
+(`SCOPE_FACTS`, `Candidate`).
 """
 
 from __future__ import annotations
@@ -88,6 +89,34 @@ FROM s
 WHERE t.document_id IS NOT NULL OR f.chunk_id IS NOT NULL
 ORDER BY s.seq, s.created_at, s.document_id"""
 )
+
+# The exact path's usual statement: `SCOPE_ROWS` without the chunk fallback, and the query's lexemes and their
+# hashes (``{query_terms}``, `recall_rows.QUERY_TERMS`) in the same round trip, on the first row only (each row
+# would otherwise carry two arrays to parse). A fact without a usable recall row comes back with no chunk id:
+# the caller then runs `SCOPE_ROWS` with those lexemes. The fallback's lateral joins cost a third of the
+# statement's planning, a round trip cost what the query's lexemes do, and a store's search for the facts it may
+# replace takes this path on every store (benchmarks/README.md, "Lean serving: one statement for the exact path").
+SCOPE_RECALL_ROWS = sql.SQL(
+    """WITH q(lexemes, hashes) AS MATERIALIZED ({query_terms}), s AS MATERIALIZED (
+    {governing_rows}
+)
+SELECT s.document_id, t.document_id AS chunk_id, s.expires_at,
+       coalesce(1 - (t.embedding <=> %(embedding)s::vector), 'NaN') AS cos, t.dl::float8 AS dl, t.terms,
+       s.scored, s.seq,
+       CASE WHEN row_number() OVER w = 1 THEN q.lexemes END, CASE WHEN row_number() OVER w = 1 THEN q.hashes END
+FROM q, s
+    LEFT JOIN LATERAL (
+        SELECT t.document_id, t.embedding, t.dl, t.terms FROM {schema}.osa_fact_terms t
+        WHERE t.document_id = s.document_id AND t.org_id = %(org_id)s AND t.content_hash = s.content_hash
+          AND t.language = %(language)s::text
+          AND t.terms IS NOT NULL
+        OFFSET 0  -- as in SCOPE_ROWS
+    ) t ON true
+WINDOW w AS (ORDER BY s.seq, s.created_at, s.document_id)
+ORDER BY s.seq, s.created_at, s.document_id"""
+)
+#: Columns of a `SCOPE_RECALL_ROWS` row that are `SCOPE_ROWS`' (the query's lexemes and hashes follow).
+SCOPE_ROW_COLUMNS = 8
 
 # Text, metadata and timestamps of the facts to return, with the scope checked again (fail closed: a
 # fact retired between the two statements is not returned).

@@ -52,6 +52,8 @@ from haystack_osa_memory.store.big_scope import (
 )
 from haystack_osa_memory.store.candidates import (
     SCOPE_FACTS,
+    SCOPE_RECALL_ROWS,
+    SCOPE_ROW_COLUMNS,
     SCOPE_ROWS,
     Candidate,
     Detail,
@@ -145,6 +147,7 @@ __all__ = [
     "RARE_LEXEME_MAX_DF",
     "RECALL_ROWS_SIZE",
     "SCOPE_FACTS",
+    "SCOPE_RECALL_ROWS",
     "SCOPE_ROWS",
     "SCOPE_STATS",
     "SCOPE_STATS_TTL_S",
@@ -257,6 +260,11 @@ class FactRepository(FactWriting, BigScopes):
         )
         # The statements a recall runs, rendered once (`database.rendered`).
         self._scope_rows = rendered(self._scope_rows_composed)
+        self._scope_recall_rows = rendered(
+            SCOPE_RECALL_ROWS.format(
+                **names, query_terms=QUERY_TERMS, governing_rows=scope_governing_rows(names, VALID_AT)
+            )
+        )
         self._scope_facts = rendered(
             SCOPE_FACTS.format(
                 **names, valid_at=VALID_AT, governing_row=governing_row_by_id(names, sql.SQL("r.document_id"))
@@ -354,6 +362,8 @@ class FactRepository(FactWriting, BigScopes):
                 assert row is not None  # as above
                 lexemes, query_terms = list(row[0]), list(row[1])
                 printed = Print.of(*row[2:])
+            elif route == "exact" and size.facts <= self.exact_scope_max:
+                return self._exact_hits(cur, params, query, ranking, boost)
             else:
                 lexemes, query_terms = self.query_terms(query, conn=c)
             boost_terms = boost.hashes if boost is not None and ranking.time_boost else []
@@ -376,6 +386,31 @@ class FactRepository(FactWriting, BigScopes):
                 if isinstance(kept, Kept) and kept.scope is not None:
                     return _held_hits(kept.scope, embedding, query_terms, ranking, boost_terms, kept.details)
             rows = cur.execute(self._scope_rows, params).fetchall()
+        return exact_hits(rows, query_terms, ranking, boost_terms)
+
+    def _exact_hits(
+        self,
+        cur: psycopg.Cursor[Any],
+        params: dict[str, Any],
+        query: str,
+        ranking: RankingParams,
+        boost: QueryTerms | None,
+    ) -> list[ScopeHit]:
+        """The exact path: the scope's rows with the query's terms (`SCOPE_RECALL_ROWS`), read again with the
+        chunk fallback (`SCOPE_ROWS`) when a fact lacks a usable recall row, ranked by `exact_hits`."""
+        rows = cur.execute(self._scope_recall_rows, {**params, "query": query}).fetchall()
+        if not rows:
+            return []
+        lexemes, query_terms = rows[0][SCOPE_ROW_COLUMNS:]
+        boost_terms = boost.hashes if boost is not None and ranking.time_boost else []
+        if any(r[1] is None for r in rows):
+            # Written by other tools, or before schema 7: the whole scope again, that fact tokenised from its chunk.
+            if boost is not None and boost_terms:
+                lexemes = [*lexemes, *boost.lexemes]  # the fallback packs only these
+            params["lexemes"] = text_array(lexemes)
+            rows = cur.execute(self._scope_rows, params).fetchall()
+        else:
+            rows = [r[:SCOPE_ROW_COLUMNS] for r in rows]
         return exact_hits(rows, query_terms, ranking, boost_terms)
 
     def candidates(
