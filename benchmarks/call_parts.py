@@ -6,6 +6,11 @@ Two parts of a call that the served figures (`load.py --driver wrk`) cannot tell
   the same store without it (`MemoryConfig.suggest_supersedes` off). Blocks of ``--block`` stores, one way then
   the other, the order swapped each round, ``--rounds`` times; it prints the median CPU per store of this
   process and of the database cluster, each way, and what the search adds.
+- ``--part exact``: the exact path (a store's search for the facts it may replace, or a recall of a scope
+  neither held nor kept in memory: ``--phase``) reading the scope's rows and the query's terms in one statement
+  (`candidates.SCOPE_RECALL_ROWS`, the package's way) against the two read apart (`recall_rows.QUERY_TERMS`, then
+  `candidates.SCOPE_ROWS`, the way before it). Blocks alternating as for ``search``; recalls run with the scopes'
+  rows not kept in memory (`scope_memo` off), as a recall after a store reads them.
 - ``--part plans``: PostgreSQL's planning and execution time of each read statement a recall and a store run,
   medians over ``--calls`` recalls and stores. Right before a statement runs, the same text runs once more
   under ``EXPLAIN (ANALYZE, SUMMARY)`` on the same connection with the same parameters (psycopg's
@@ -13,6 +18,7 @@ Two parts of a call that the served figures (`load.py --driver wrk`) cannot tell
   ``EXPLAIN ANALYZE`` executes them): their planning is not in the table.
 
     python benchmarks/call_parts.py --part search [--embedder minilm] [--block 40 --rounds 10] [--json out.json]
+    python benchmarks/call_parts.py --part exact [--phase recall] [--embedder minilm] [--block 200 --rounds 8]
     python benchmarks/call_parts.py --part plans [--calls 200]
 
 One torch thread, as each `serve` worker of a 2-CPU machine has (``OMP_NUM_THREADS``, when not set).
@@ -47,10 +53,17 @@ from benchmarks.workload import (
     fact_text,
     knowledge_base,
     paired_medians,
+    print_two_ways,
     query_text,
     seed,
+    two_ways,
 )
 from haystack_osa_memory import Memory
+from haystack_osa_memory.store.candidates import ScopeHit, exact_hits
+from haystack_osa_memory.store.facts import FactRepository
+from haystack_osa_memory.store.parameters import text_array
+from haystack_osa_memory.store.ranking import RankingParams
+from haystack_osa_memory.store.recall_rows import QueryTerms
 
 #: A statement that changes data: `EXPLAIN ANALYZE` would run it, so it is never explained.
 WRITES = re.compile(rb"\b(INSERT|UPDATE|DELETE|MERGE|TRUNCATE|CREATE|ALTER|DROP|LOCK|SET|ANALYZE|VACUUM)\b", re.I)
@@ -85,6 +98,43 @@ def search_part(args: argparse.Namespace) -> dict[str, Any]:
     for part, (without, with_search, paired) in paired_medians(samples).items():
         result[part] = {"without_ms": without, "with_ms": with_search, "search_ms": paired}
         result[part]["search_share"] = paired / with_search if with_search else None
+    return result
+
+
+def exact_apart(
+    repo: FactRepository,
+    cur: psycopg.Cursor[Any],
+    params: dict[str, Any],
+    query: str,
+    ranking: RankingParams,
+    boost: QueryTerms | None,
+) -> list[ScopeHit]:
+    """The exact path as it ran before `SCOPE_RECALL_ROWS`: the query's terms, then `SCOPE_ROWS`."""
+    lexemes, query_terms = repo.query_terms(query, conn=cur.connection)
+    boost_terms = boost.hashes if boost is not None and ranking.time_boost else []
+    if boost is not None and boost_terms:
+        lexemes = [*lexemes, *boost.lexemes]
+    params["lexemes"] = text_array(lexemes)
+    return exact_hits(cur.execute(repo.scope_rows_statement, params).fetchall(), query_terms, ranking, boost_terms)
+
+
+def exact_part(args: argparse.Namespace) -> dict[str, Any]:
+    """The exact path in one statement (way True) or two (way False), blocks alternating."""
+    in_one = FactRepository.__dict__["_exact_hits"]
+
+    def switch(memory: Memory) -> Any:
+        if args.phase == "recall":
+            # Recalls would otherwise be answered from the rows kept in memory (a store's search never is).
+            assert memory.kb is not None
+            memory.kb.facts.scope_memo = None
+
+        def to(one: bool) -> None:
+            FactRepository._exact_hits = in_one if one else exact_apart  # type: ignore[method-assign]
+
+        return to
+
+    result = two_ways(args, "exact", ("apart", "one"), switch)
+    result["part"] = "exact"
     return result
 
 
@@ -168,12 +218,16 @@ def plans_part(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=["search", "plans"], default="search")
+    parser.add_argument("--part", choices=["search", "exact", "plans"], default="search")
     add_block_arguments(parser, assignments=16, block=40, rounds=10, warmup=20)
     parser.add_argument("--calls", type=int, default=200, help="recalls and stores explained (--part plans)")
+    parser.add_argument("--phase", choices=["store", "recall"], default="store", help="what calls (--part exact)")
     args = parser.parse_args(argv)
     check_block_arguments(parser, args, "calls")
-    if args.part == "search":
+    if args.part == "exact":
+        result = exact_part(args)
+        print_two_ways(args, result, ("apart", "one"))
+    elif args.part == "search":
         result = search_part(args)
         print(f"{args.embedder} store, {args.rounds} pairs of {args.block}-store blocks, CPU ms per store:")
         for part in ("server", "postgres", "total"):

@@ -362,7 +362,7 @@ class FactRepository(FactWriting, BigScopes):
                 assert row is not None  # as above
                 lexemes, query_terms = list(row[0]), list(row[1])
                 printed = Print.of(*row[2:])
-            elif route == "exact" and size.facts <= self.exact_scope_max:
+            elif route == "exact" and size.facts <= self.exact_scope_max and not (memo and memo.unusable(key)):
                 return self._exact_hits(cur, params, query, ranking, boost)
             else:
                 lexemes, query_terms = self.query_terms(query, conn=c)
@@ -381,6 +381,8 @@ class FactRepository(FactWriting, BigScopes):
                 )
             if route != "exact" and memo is not None:
                 kept = memo.current(key, printed) if printed is not None else route
+                if kept == "exact":  # changed since its rows were read
+                    return self._exact_hits(cur, params, query, ranking, boost)
                 if kept == "rows":
                     kept = memo.read(cur, self._memo_rows, params)
                 if isinstance(kept, Kept) and kept.scope is not None:

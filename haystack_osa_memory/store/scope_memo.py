@@ -232,6 +232,13 @@ class ScopeMemo:
                 return "exact"
             return "print"
 
+    def unusable(self, key: tuple[str, str]) -> bool:
+        """Whether ``key`` was last read holding a fact without a usable recall row or chunk (or too big to keep):
+        its exact path reads the chunk fallback too (`candidates.SCOPE_ROWS`)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            return entry is not None and entry.kept.scope is None
+
     def current(self, key: tuple[str, str], now: Print) -> Kept | Literal["rows", "exact"]:
         """The rows kept for ``key`` if they were read at the print ``now``. Otherwise ``rows`` when the scope
         has not changed since the previous print found it changed (read the rows again: they are likely to be

@@ -43,9 +43,11 @@ def test_plans_part_explains_reads_and_never_a_write(pg_conn_str: str, tmp_path:
         return sum(int(s["runs"]) for text, s in by_text.items() if text.startswith(prefix))
 
     # 3 recalls and the 3 stores' searches for the facts they replace each end with one scope read: the whole
-    # scope (`SCOPE_ROWS`), or the rows kept in memory with their print (`scope_memo.MEMO_ROWS`), or neither when
-    # the print read with the query's terms (`MEMO_PRINT`) says the rows kept are current.
-    exact, printed, kept = runs("WITH s AS MATERIALIZED"), runs("SELECT q.*, p.count"), runs("WITH m AS MATERIALIZED")
+    # scope (`SCOPE_RECALL_ROWS`, with the query's terms), or the rows kept in memory with their print
+    # (`scope_memo.MEMO_ROWS`), or neither when the print read with the query's terms (`MEMO_PRINT`) says the rows
+    # kept are current. `SCOPE_ROWS` (the chunk fallback) never runs: every fact here has its recall row.
+    exact, printed, kept = runs("WITH q(lexemes, hashes)"), runs("SELECT q.*, p.count"), runs("WITH m AS MATERIALIZED")
+    assert runs("WITH s AS MATERIALIZED") == 0
     assert kept >= 1  # the first recall of a scope keeps its rows
     assert exact + kept <= 6 <= exact + kept + printed
     assert all(s["planning_ms"] > 0 and s["execution_ms"] >= 0 for s in statements)
@@ -55,3 +57,19 @@ def test_plans_part_explains_reads_and_never_a_write(pg_conn_str: str, tmp_path:
     assert sum(not_explained.values()) >= 3  # the 3 stores' writes (at least)
     # Each store wrote once (one audit row each): the warm-up store and the 3 measured ones.
     assert result["store_audit_rows"] == result["stores"] == 4
+
+
+@pytest.mark.parametrize("phase", ["store", "recall"])
+def test_exact_part_measures_the_exact_path_both_ways(pg_conn_str: str, tmp_path: Path, phase: str) -> None:
+    from haystack_osa_memory.store.facts import FactRepository
+
+    in_one = FactRepository.__dict__["_exact_hits"]
+    result = run(tmp_path, "--part", "exact", "--phase", phase, "--block", "3", "--rounds", "2")
+    assert result["part"] == "exact"
+    assert result["phase"] == phase
+    for part in ("server", "total"):
+        figures = result[part]
+        assert isinstance(figures, dict)
+        assert figures["apart_ms"] > 0
+        assert figures["one_ms"] > 0
+    assert FactRepository.__dict__["_exact_hits"] is in_one  # the package's way is what is left

@@ -18,6 +18,7 @@ from haystack_osa_memory.store.facts import FactRepository
 from haystack_osa_memory.store.parameters import text_array, vector_parameter
 from haystack_osa_memory.store.ranking import RankingParams
 from haystack_osa_memory.store.recall_rows import QueryTerms
+from haystack_osa_memory.store.scope_memo import MAX_SKIPS
 from haystack_osa_memory.store.scope_query import ScopeQuery
 from tests.integration.test_scope_cache import fact, words_embedding
 
@@ -144,3 +145,54 @@ def test_an_empty_scope_has_no_hits(exact_config: MemoryConfig, alice: Caller, b
     repo = stored(exact_config, alice, 3)
     scope = ScopeQuery.of(bob.org_id, bob.assignment_id)
     assert hits_of(repo, scope, "billing", None, RankingParams(k=8), None) == []
+
+
+def scope_reads(statements: list[str]) -> list[str]:
+    """The statements that read a scope, by their first words: the print, the kept rows, the exact path's."""
+    names = {"SELECT q.*, p.*": "print", "WITH m AS": "kept rows", "WITH q(lexemes": "one", "WITH s AS": "apart"}
+    return [name for s in statements for prefix, name in names.items() if s.startswith(prefix)]
+
+
+def recall_until(memory: Memory, caller: Caller, statements: list[str], reads: list[str]) -> None:
+    """Recall until the scope is read as ``reads`` says (the memo keeps a changed scope's rows again only once two
+    prints in a row agree, after skipping up to `scope_memo.MAX_SKIPS` recalls)."""
+    for _ in range(2 * MAX_SKIPS + 4):
+        statements.clear()
+        memory.recall("billing port", caller=caller)
+        if scope_reads(statements) == reads:
+            return
+    raise AssertionError(f"the scope was never read as {reads}")
+
+
+def test_a_scope_found_changed_by_its_print_takes_the_one_statement(
+    config: MemoryConfig, alice: Caller, statements: list[str]
+) -> None:
+    memory = Memory(config, use_default_embedders=False)
+    for i in range(10):
+        memory.store(fact(i), caller=alice)
+    recall_until(memory, alice, statements, ["print"])  # answered from the rows kept
+    statements.clear()
+    memory.store(fact(10), caller=alice)  # its search for the facts it may replace finds the scope changed
+    assert scope_reads(statements) == ["print", "one"]
+
+
+def test_a_scope_kept_as_unusable_reads_the_fallback_at_once(
+    config: MemoryConfig, alice: Caller, statements: list[str]
+) -> None:
+    memory = Memory(config, use_default_embedders=False)
+    for i in range(10):
+        memory.store(fact(i), caller=alice)
+    recall_until(memory, alice, statements, ["print"])
+    first = memory.recall("billing port", caller=alice)["facts"]
+    with psycopg.connect(config.pg_conn_str or "", autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DELETE FROM {0}.osa_fact_terms WHERE document_id = %s").format(sql.Identifier(config.kb_schema)),
+            (first[-1]["document_id"],),
+        )
+    # The rows read again: one lacks its recall row, so they are not kept, and the exact path needs the fallback.
+    recall_until(memory, alice, statements, ["print", "kept rows", "apart"])
+    statements.clear()
+    again = memory.recall("billing port", caller=alice)["facts"]
+    assert scope_reads(statements) == ["apart"]  # SCOPE_ROWS at once, not the one statement and then it
+    assert [f["document_id"] for f in again] == [f["document_id"] for f in first]
+    assert len(first) >= 2

@@ -648,6 +648,17 @@ def run_operations(cfg: MemoryConfig, orgs: tuple[str, str]) -> None:
             assert big.recall("how do we deploy to staging?", caller=me)["facts"]
         finally:
             big_scope.RARE_LEXEME_MAX_DF = rare_max
+        # A fact written by other tools, without its recall row: the exact path reads its chunk too (`SCOPE_ROWS`).
+        other = lexical.store("The on-call phone sits in the top drawer.", caller=me)["document_id"]
+        with psycopg.connect(cfg.pg_conn_str or "", autocommit=True) as conn:  # recorded and checked too
+            conn.execute(
+                sql.SQL("DELETE FROM {}.osa_fact_terms WHERE org_id = %s AND document_id = %s").format(
+                    sql.Identifier(cfg.kb_schema)
+                ),
+                (org, other),
+            )
+        assert other in [f["document_id"] for f in lexical.recall("on-call phone drawer", caller=me)["facts"]]
+        lexical.forget(other, "written for the check", caller=me)
         lexical.list_facts(caller=me)
         lexical.list_facts(topic="ops", caller=me)
         lexical.read(ids[1], caller=me)
