@@ -10,7 +10,9 @@ Two parts of a call that the served figures (`load.py --driver wrk`) cannot tell
   neither held nor kept in memory: ``--phase``) reading the scope's rows and the query's terms in one statement
   (`candidates.SCOPE_RECALL_ROWS`, the package's way) against the two read apart (`recall_rows.QUERY_TERMS`, then
   `candidates.SCOPE_ROWS`, the way before it). Blocks alternating as for ``search``; recalls run with the scopes'
-  rows not kept in memory (`scope_memo` off), as a recall after a store reads them.
+  rows not kept in memory (`scope_memo` off), as a recall after a store reads them; ``--phase read`` times the
+  read alone (`FactRepository.scope_hits` on the seeded scopes, a new fact's text as the query, as a store's search
+  reads, nothing written: the scopes keep their size, lexical only).
 - ``--part plans``: PostgreSQL's planning and execution time of each read statement a recall and a store run,
   medians over ``--calls`` recalls and stores. Right before a statement runs, the same text runs once more
   under ``EXPLAIN (ANALYZE, SUMMARY)`` on the same connection with the same parameters (psycopg's
@@ -18,7 +20,7 @@ Two parts of a call that the served figures (`load.py --driver wrk`) cannot tell
   ``EXPLAIN ANALYZE`` executes them): their planning is not in the table.
 
     python benchmarks/call_parts.py --part search [--embedder minilm] [--block 40 --rounds 10] [--json out.json]
-    python benchmarks/call_parts.py --part exact [--phase recall] [--embedder minilm] [--block 200 --rounds 8]
+    python benchmarks/call_parts.py --part exact [--phase recall|read] [--embedder minilm] [--block 200 --rounds 8]
     python benchmarks/call_parts.py --part plans [--calls 200]
 
 One torch thread, as each `serve` worker of a 2-CPU machine has (``OMP_NUM_THREADS``, when not set).
@@ -64,6 +66,8 @@ from haystack_osa_memory.store.facts import FactRepository
 from haystack_osa_memory.store.parameters import text_array
 from haystack_osa_memory.store.ranking import RankingParams
 from haystack_osa_memory.store.recall_rows import QueryTerms
+from haystack_osa_memory.store.scope_query import ScopeQuery
+from haystack_osa_memory.supersession_suggestions import SUGGESTIONS_SEARCHED
 
 #: A statement that changes data: `EXPLAIN ANALYZE` would run it, so it is never explained.
 WRITES = re.compile(rb"\b(INSERT|UPDATE|DELETE|MERGE|TRUNCATE|CREATE|ALTER|DROP|LOCK|SET|ANALYZE|VACUUM)\b", re.I)
@@ -122,19 +126,64 @@ def exact_part(args: argparse.Namespace) -> dict[str, Any]:
     """The exact path in one statement (way True) or two (way False), blocks alternating."""
     in_one = FactRepository.__dict__["_exact_hits"]
 
+    def to(one: bool) -> None:
+        FactRepository._exact_hits = in_one if one else exact_apart  # type: ignore[method-assign]
+
     def switch(memory: Memory) -> Any:
         if args.phase == "recall":
             # Recalls would otherwise be answered from the rows kept in memory (a store's search never is).
             assert memory.kb is not None
             memory.kb.facts.scope_memo = None
-
-        def to(one: bool) -> None:
-            FactRepository._exact_hits = in_one if one else exact_apart  # type: ignore[method-assign]
-
         return to
 
-    result = two_ways(args, "exact", ("apart", "one"), switch)
+    try:
+        result = exact_reads(args, to) if args.phase == "read" else two_ways(args, "exact", EXACT_WAYS, switch)
+    finally:
+        to(True)
     result["part"] = "exact"
+    return result
+
+
+#: The exact path's two ways (`exact_part`): the query's terms and `SCOPE_ROWS` apart, or in one statement.
+EXACT_WAYS = ("apart", "one")
+
+
+def exact_reads(args: argparse.Namespace, to: Any) -> dict[str, Any]:
+    """The exact path's read alone (`FactRepository.scope_hits`, nothing written, so the scopes keep their size),
+    with a new fact's text as the query, as a store's search for the facts it may replace reads its scope."""
+    rnd = random.Random(5)
+    with knowledge_base("exact_reads", args.embedder) as (config, postmaster):
+        memory = Memory(config, use_default_embedders=False)
+        callers = [caller_of(a) for a in range(args.assignments)]
+        seed(memory, callers, args.facts, rnd)
+        memory.warm_up()
+        assert memory.kb is not None
+        repo = memory.kb.facts
+        repo.scope_memo = None  # every read takes the exact path
+        scopes = [ScopeQuery.of(c.org_id, c.assignment_id) for c in callers]
+        queries = [fact_text(i % len(callers), 9 * 10**6 + i, rnd) for i in range(400)]
+        ranking = RankingParams(k=SUGGESTIONS_SEARCHED)
+        count = 0
+
+        def read(_way: bool) -> None:
+            nonlocal count
+            with repo.reading() as conn:
+                repo.scope_hits(
+                    scopes[count % len(scopes)],
+                    query=queries[count % len(queries)],
+                    embedding=None,
+                    ranking=ranking,
+                    conn=conn,
+                )
+            count += 1
+
+        samples = alternating_blocks(
+            read, postmaster, warmup=args.warmup, block=args.block, rounds=args.rounds, switch=to
+        )
+    result: dict[str, Any] = {"embedder": "none", "phase": "read", "block": args.block, "rounds": args.rounds}
+    for part, (apart, one, paired) in paired_medians(samples).items():
+        result[part] = {"apart_ms": apart, "one_ms": one, "ratio": one / apart if apart else None}
+        result[part]["paired_difference_ms"] = paired
     return result
 
 
@@ -221,12 +270,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--part", choices=["search", "exact", "plans"], default="search")
     add_block_arguments(parser, assignments=16, block=40, rounds=10, warmup=20)
     parser.add_argument("--calls", type=int, default=200, help="recalls and stores explained (--part plans)")
-    parser.add_argument("--phase", choices=["store", "recall"], default="store", help="what calls (--part exact)")
+    parser.add_argument(
+        "--phase", choices=["store", "recall", "read"], default="store", help="the calls measured (--part exact)"
+    )
     args = parser.parse_args(argv)
     check_block_arguments(parser, args, "calls")
+    if args.part == "exact" and args.phase == "read" and args.embedder != "none":
+        parser.error("--phase read ranks lexically (no query vector): leave --embedder out")
     if args.part == "exact":
         result = exact_part(args)
-        print_two_ways(args, result, ("apart", "one"))
+        print_two_ways(args, result, EXACT_WAYS)
     elif args.part == "search":
         result = search_part(args)
         print(f"{args.embedder} store, {args.rounds} pairs of {args.block}-store blocks, CPU ms per store:")

@@ -59,7 +59,7 @@ def test_plans_part_explains_reads_and_never_a_write(pg_conn_str: str, tmp_path:
     assert result["store_audit_rows"] == result["stores"] == 4
 
 
-@pytest.mark.parametrize("phase", ["store", "recall"])
+@pytest.mark.parametrize("phase", ["store", "recall", "read"])
 def test_exact_part_measures_the_exact_path_both_ways(pg_conn_str: str, tmp_path: Path, phase: str) -> None:
     from haystack_osa_memory.store.facts import FactRepository
 
@@ -73,3 +73,9 @@ def test_exact_part_measures_the_exact_path_both_ways(pg_conn_str: str, tmp_path
         assert figures["apart_ms"] > 0
         assert figures["one_ms"] > 0
     assert FactRepository.__dict__["_exact_hits"] is in_one  # the package's way is what is left
+
+
+def test_exact_reads_refuse_a_query_vector() -> None:
+    script = load_benchmark(REPO / "benchmarks" / "call_parts.py", "call_parts_under_test")
+    with pytest.raises(SystemExit):
+        script.main(["--part", "exact", "--phase", "read", "--embedder", "minilm"])
