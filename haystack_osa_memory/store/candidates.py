@@ -93,9 +93,9 @@ ORDER BY s.seq, s.created_at, s.document_id"""
 # The exact path's usual statement: `SCOPE_ROWS` without the chunk fallback, and the query's lexemes and their
 # hashes (``{query_terms}``, `recall_rows.QUERY_TERMS`) in the same round trip, on the first row only (each row
 # would otherwise carry two arrays to parse). A fact without a usable recall row comes back with no chunk id:
-# the caller then runs `SCOPE_ROWS` with those lexemes. The fallback's lateral joins cost a third of the
-# statement's planning, a round trip cost what the query's lexemes do, and a store's search for the facts it may
-# replace takes this path on every store (benchmarks/README.md, "Lean serving: one statement for the exact path").
+# the caller then runs `SCOPE_ROWS` with those lexemes. The fallback's joins were a third of `SCOPE_ROWS`'
+# planning and the query's lexemes a round trip of their own, on every store (its search for the facts it may
+# replace takes this path: benchmarks/README.md, "Lean serving: one statement for the exact path").
 SCOPE_RECALL_ROWS = sql.SQL(
     """WITH q(lexemes, hashes) AS MATERIALIZED ({query_terms}), s AS MATERIALIZED (
     {governing_rows}

@@ -165,11 +165,13 @@ class Print:
 @dataclass(frozen=True)
 class Kept:
     """A scope's rows as read at ``print``, and what a recall returns of each fact (``details``, by id);
-    ``scope`` None when one lacks a usable recall row or chunk (exact path)."""
+    ``scope`` None when one lacks a usable recall row or chunk (``unusable``: the exact path reads the chunk
+    fallback too, `candidates.SCOPE_ROWS`) or when they are too many to keep (exact path)."""
 
     print: Print
     scope: HeldScope | None
     details: dict[str, Detail] = field(default_factory=dict)
+    unusable: bool = False
 
     def __len__(self) -> int:
         return len(self.scope) if self.scope is not None else 0
@@ -233,11 +235,11 @@ class ScopeMemo:
             return "print"
 
     def unusable(self, key: tuple[str, str]) -> bool:
-        """Whether ``key`` was last read holding a fact without a usable recall row or chunk (or too big to keep):
+        """Whether ``key`` was last read holding a fact without a usable recall row or chunk (`Kept.unusable`):
         its exact path reads the chunk fallback too (`candidates.SCOPE_ROWS`)."""
         with self._lock:
             entry = self._entries.get(key)
-            return entry is not None and entry.kept.scope is None
+            return entry is not None and entry.kept.unusable
 
     def current(self, key: tuple[str, str], now: Print) -> Kept | Literal["rows", "exact"]:
         """The rows kept for ``key`` if they were read at the print ``now``. Otherwise ``rows`` when the scope
@@ -273,7 +275,7 @@ class ScopeMemo:
         printed = Print.of(*rows[0][:at])  # the print's row joins every row (and stands alone if none)
         facts = [r for r in rows if r[at] is not None]
         if not all(r[at + 7] for r in facts):
-            return Kept(printed, None)
+            return Kept(printed, None, unusable=True)
         scope = HeldScope(self.dimension)
         scope.append([r[at : at + 7] for r in facts])
         return Kept(printed, scope, {r[at]: r[at + 8 : at + 12] for r in facts})

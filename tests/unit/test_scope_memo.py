@@ -104,6 +104,8 @@ def test_a_scope_not_kept_takes_the_exact_path_until_looked_at_again(
     kept = read(memo, key, rows_of(3, 7, usable=usable))
     assert (kept.scope is None) == (not usable)  # rows too many to keep still answer the recall that read them
     assert memo.route(key) == "exact"
+    assert memo.unusable(key) == (not usable)  # only a fact without its rows sends the exact path to the fallback
+    assert not memo.unusable(("acme", "a2"))
     monkeypatch.setattr(scope_memo.time, "monotonic", lambda: 10**9)
     assert memo.route(key) == "rows"
 
