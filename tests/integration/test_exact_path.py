@@ -164,13 +164,19 @@ def recall_until(memory: Memory, caller: Caller, statements: list[str], reads: l
     raise AssertionError(f"the scope was never read as {reads}")
 
 
+def kept_scope(config: MemoryConfig, caller: Caller, statements: list[str]) -> Memory:
+    """Lexical memory with 10 facts in ``caller``'s scope, whose rows it keeps: recalled from them."""
+    memory = Memory(config, use_default_embedders=False)
+    for i in range(10):
+        memory.store(fact(i), caller=caller)
+    recall_until(memory, caller, statements, ["print"])  # answered from the rows kept
+    return memory
+
+
 def test_a_scope_found_changed_by_its_print_takes_the_one_statement(
     config: MemoryConfig, alice: Caller, statements: list[str]
 ) -> None:
-    memory = Memory(config, use_default_embedders=False)
-    for i in range(10):
-        memory.store(fact(i), caller=alice)
-    recall_until(memory, alice, statements, ["print"])  # answered from the rows kept
+    memory = kept_scope(config, alice, statements)
     statements.clear()
     memory.store(fact(10), caller=alice)  # its search for the facts it may replace finds the scope changed
     assert scope_reads(statements) == ["print", "one"]
@@ -179,10 +185,7 @@ def test_a_scope_found_changed_by_its_print_takes_the_one_statement(
 def test_a_scope_kept_as_unusable_reads_the_fallback_at_once(
     config: MemoryConfig, alice: Caller, statements: list[str]
 ) -> None:
-    memory = Memory(config, use_default_embedders=False)
-    for i in range(10):
-        memory.store(fact(i), caller=alice)
-    recall_until(memory, alice, statements, ["print"])
+    memory = kept_scope(config, alice, statements)
     first = memory.recall("billing port", caller=alice)["facts"]
     with psycopg.connect(config.pg_conn_str or "", autocommit=True) as conn:
         conn.execute(
