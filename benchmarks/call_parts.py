@@ -1,6 +1,6 @@
 """Where a call's CPU goes, part by part, in one process on one seeded knowledge base.
 
-Two parts of a call that the served figures (`load.py --driver wrk`) cannot tell apart:
+Parts of a call that the served figures (`load.py --driver wrk`) cannot tell apart:
 
 - ``--part search``: a store with the search for the facts it may replace (``possibly_supersedes``) against
   the same store without it (`MemoryConfig.suggest_supersedes` off). Blocks of ``--block`` stores, one way then
