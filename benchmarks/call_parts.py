@@ -58,14 +58,16 @@ from benchmarks.workload import (
     print_two_ways,
     query_text,
     seed,
+    seeded_calls,
     two_ways,
+    ways_result,
 )
 from haystack_osa_memory import Memory
 from haystack_osa_memory.store.candidates import ScopeHit, exact_hits
 from haystack_osa_memory.store.facts import FactRepository
 from haystack_osa_memory.store.parameters import text_array
 from haystack_osa_memory.store.ranking import RankingParams
-from haystack_osa_memory.store.recall_rows import QueryTerms
+from haystack_osa_memory.store.recall_rows import QueryTerms, with_boost
 from haystack_osa_memory.store.scope_query import ScopeQuery
 from haystack_osa_memory.supersession_suggestions import SUGGESTIONS_SEARCHED
 
@@ -115,9 +117,7 @@ def exact_apart(
 ) -> list[ScopeHit]:
     """The exact path as it ran before `SCOPE_RECALL_ROWS`: the query's terms, then `SCOPE_ROWS`."""
     lexemes, query_terms = repo.query_terms(query, conn=cur.connection)
-    boost_terms = boost.hashes if boost is not None and ranking.time_boost else []
-    if boost is not None and boost_terms:
-        lexemes = [*lexemes, *boost.lexemes]
+    lexemes, boost_terms = with_boost(lexemes, boost, ranking.time_boost)
     params["lexemes"] = text_array(lexemes)
     return exact_hits(cur.execute(repo.scope_rows_statement, params).fetchall(), query_terms, ranking, boost_terms)
 
@@ -151,17 +151,13 @@ EXACT_WAYS = ("apart", "one")
 def exact_reads(args: argparse.Namespace, to: Any) -> dict[str, Any]:
     """The exact path's read alone (`FactRepository.scope_hits`, nothing written, so the scopes keep their size),
     with a new fact's text as the query, as a store's search for the facts it may replace reads its scope."""
-    rnd = random.Random(5)
-    with knowledge_base("exact_reads", args.embedder) as (config, postmaster):
-        memory = Memory(config, use_default_embedders=False)
-        callers = [caller_of(a) for a in range(args.assignments)]
-        seed(memory, callers, args.facts, rnd)
-        memory.warm_up()
+    rnd = random.Random(7)
+    with seeded_calls(args, "exact_reads") as (memory, postmaster, _store):
         assert memory.kb is not None
         repo = memory.kb.facts
         repo.scope_memo = None  # every read takes the exact path
-        scopes = [ScopeQuery.of(c.org_id, c.assignment_id) for c in callers]
-        queries = [fact_text(i % len(callers), 9 * 10**6 + i, rnd) for i in range(400)]
+        scopes = [ScopeQuery.of(c.org_id, c.assignment_id) for c in map(caller_of, range(args.assignments))]
+        queries = [fact_text(i % len(scopes), 9 * 10**6 + i, rnd) for i in range(400)]
         ranking = RankingParams(k=SUGGESTIONS_SEARCHED)
         count = 0
 
@@ -180,11 +176,7 @@ def exact_reads(args: argparse.Namespace, to: Any) -> dict[str, Any]:
         samples = alternating_blocks(
             read, postmaster, warmup=args.warmup, block=args.block, rounds=args.rounds, switch=to
         )
-    result: dict[str, Any] = {"embedder": "none", "phase": "read", "block": args.block, "rounds": args.rounds}
-    for part, (apart, one, paired) in paired_medians(samples).items():
-        result[part] = {"apart_ms": apart, "one_ms": one, "ratio": one / apart if apart else None}
-        result[part]["paired_difference_ms"] = paired
-    return result
+    return ways_result(args, samples, EXACT_WAYS)
 
 
 def statement_text(query: Any, conn: psycopg.Connection[Any]) -> bytes:

@@ -273,6 +273,11 @@ def two_ways(
             )
         finally:
             to(True)
+    return ways_result(args, samples, ways)
+
+
+def ways_result(args: argparse.Namespace, samples: dict[bool, list[BlockCpu]], ways: tuple[str, str]) -> dict[str, Any]:
+    """`alternating_blocks`' samples of way False (``ways[0]``) and True (``ways[1]``) as `two_ways` returns them."""
     result: dict[str, Any] = {"embedder": args.embedder, "phase": args.phase, "block": args.block}
     result["rounds"] = args.rounds
     off_name, on_name = ways

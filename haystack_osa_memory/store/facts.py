@@ -88,6 +88,7 @@ from haystack_osa_memory.store.recall_rows import (
     term_key,
     term_keys_of,
     vector_literal,
+    with_boost,
 )
 from haystack_osa_memory.store.scope_cache import Check, HeldScope, ScopeCache, governing_row_by_id
 from haystack_osa_memory.store.scope_cache import Statements as CacheStatements
@@ -362,14 +363,15 @@ class FactRepository(FactWriting, BigScopes):
                 assert row is not None  # as above
                 lexemes, query_terms = list(row[0]), list(row[1])
                 printed = Print.of(*row[2:])
-            elif route == "exact" and size.facts <= self.exact_scope_max and not (memo and memo.unusable(key)):
+            elif (
+                route == "exact"
+                and size.facts <= self.exact_scope_max
+                and not (memo is not None and memo.unusable(key))
+            ):
                 return self._exact_hits(cur, params, query, ranking, boost)
             else:
                 lexemes, query_terms = self.query_terms(query, conn=c)
-            boost_terms = boost.hashes if boost is not None and ranking.time_boost else []
-            if boost_terms:
-                assert boost is not None
-                lexemes = [*lexemes, *boost.lexemes]  # the fallback packs only these
+            lexemes, boost_terms = with_boost(lexemes, boost, ranking.time_boost)
             params["lexemes"] = text_array(lexemes)
             if size.facts > self.exact_scope_max:
                 if held_here and cache is not None:
@@ -404,11 +406,9 @@ class FactRepository(FactWriting, BigScopes):
         if not rows:
             return []
         lexemes, query_terms = rows[0][SCOPE_ROW_COLUMNS:]
-        boost_terms = boost.hashes if boost is not None and ranking.time_boost else []
+        lexemes, boost_terms = with_boost(lexemes, boost, ranking.time_boost)
         if any(r[1] is None for r in rows):
             # Written by other tools, or before schema 7: the whole scope again, that fact tokenised from its chunk.
-            if boost is not None and boost_terms:
-                lexemes = [*lexemes, *boost.lexemes]  # the fallback packs only these
             params["lexemes"] = text_array(lexemes)
             rows = cur.execute(self._scope_rows, params).fetchall()
         else:

@@ -79,6 +79,14 @@ class QueryTerms(NamedTuple):
     hashes: list[int]
 
 
+def with_boost(lexemes: list[str], boost: QueryTerms | None, time_boost: float) -> tuple[list[str], list[int]]:
+    """The lexemes a scope's statement packs for a fact without its recall row (the query's, and ``boost``'s when
+    the ranking boosts, ``time_boost``), and the boost's hashes for the ranking (none when it does not)."""
+    if boost is None or not time_boost or not boost.hashes:
+        return lexemes, []
+    return [*lexemes, *boost.lexemes], boost.hashes
+
+
 Vector = Sequence[float] | npt.NDArray[np.float32]
 
 
