@@ -13,6 +13,10 @@ Parts of a call that the served figures (`load.py --driver wrk`) cannot tell apa
   rows not kept in memory (`scope_memo` off), as a recall after a store reads them; ``--phase read`` times the
   read alone (`FactRepository.scope_hits` on the seeded scopes, a new fact's text as the query, as a store's search
   reads, nothing written: the scopes keep their size, lexical only).
+- ``--part join``: stores whose fact joins its scope's rows kept in memory (`ScopeMemo.written`, the package's
+  way: the store's search is answered from them) against stores whose fact does not (the way before it: the
+  search finds the scope changed and reads it). Blocks alternating as for ``search``; the rows kept are dropped
+  before each block, so that each way starts from a scope read once.
 - ``--part plans``: PostgreSQL's planning and execution time of each read statement a recall and a store run,
   medians over ``--calls`` recalls and stores. Right before a statement runs, the same text runs once more
   under ``EXPLAIN (ANALYZE, SUMMARY)`` on the same connection with the same parameters (psycopg's
@@ -21,6 +25,7 @@ Parts of a call that the served figures (`load.py --driver wrk`) cannot tell apa
 
     python benchmarks/call_parts.py --part search [--embedder minilm] [--block 40 --rounds 10] [--json out.json]
     python benchmarks/call_parts.py --part exact [--phase recall|read] [--embedder minilm] [--block 200 --rounds 8]
+    python benchmarks/call_parts.py --part join [--embedder minilm] [--block 200 --rounds 8]
     python benchmarks/call_parts.py --part plans [--calls 200]
 
 One torch thread, as each `serve` worker of a 2-CPU machine has (``OMP_NUM_THREADS``, when not set).
@@ -148,6 +153,35 @@ def exact_part(args: argparse.Namespace) -> dict[str, Any]:
 EXACT_WAYS = ("apart", "one")
 
 
+#: A store's two ways (`join_part`): its fact left out of the rows kept, or joining them.
+JOIN_WAYS = ("apart", "joined")
+
+
+def join_part(args: argparse.Namespace) -> dict[str, Any]:
+    """Stores whose fact joins the rows kept (way True) or not (way False), blocks alternating."""
+
+    def switch(memory: Memory) -> Any:
+        assert memory.kb is not None
+        repo = memory.kb.facts
+
+        def to(joined: bool) -> None:
+            if joined:
+                repo.__dict__.pop("_written", None)
+            else:
+                repo._written = lambda params, row: None  # type: ignore[method-assign]
+            memo = repo.scope_memo
+            assert memo is not None
+            with memo._lock:  # each way starts from scopes read again (a store's search reads them once)
+                memo._entries.clear()
+                memo._facts = 0
+
+        return to
+
+    result = two_ways(args, "join", JOIN_WAYS, switch)
+    result["part"] = "join"
+    return result
+
+
 def exact_reads(args: argparse.Namespace, to: Any) -> dict[str, Any]:
     """The exact path's read alone (`FactRepository.scope_hits`, nothing written, so the scopes keep their size),
     with a new fact's text as the query, as a store's search for the facts it may replace reads its scope."""
@@ -259,7 +293,7 @@ def plans_part(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=["search", "exact", "plans"], default="search")
+    parser.add_argument("--part", choices=["search", "exact", "join", "plans"], default="search")
     add_block_arguments(parser, assignments=16, block=40, rounds=10, warmup=20)
     parser.add_argument("--calls", type=int, default=200, help="recalls and stores explained (--part plans)")
     parser.add_argument(
@@ -272,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.part == "exact":
         result = exact_part(args)
         print_two_ways(args, result, EXACT_WAYS)
+    elif args.part == "join":
+        result = join_part(args)
+        print_two_ways(args, result, JOIN_WAYS)
     elif args.part == "search":
         result = search_part(args)
         print(f"{args.embedder} store, {args.rounds} pairs of {args.block}-store blocks, CPU ms per store:")

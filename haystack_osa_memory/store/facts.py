@@ -14,6 +14,7 @@ recall (`scope_query`), the exact path and the text of the facts returned (`cand
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -73,6 +74,7 @@ from haystack_osa_memory.store.fact_writing import (
     UPSERT_GOVERNING_ROW,
     WRITE_FACT,
     FactWriting,
+    WrittenRow,
 )
 from haystack_osa_memory.store.parameters import text_array, vector_parameter
 from haystack_osa_memory.store.ranking import RankingParams
@@ -441,6 +443,31 @@ class FactRepository(FactWriting, BigScopes):
                 (scope.org_id, scope.assignment_id), {h.document_id for h in hits} - set(details)
             )
         return with_text(hits, details)
+
+    def _written(self, params: dict[str, Any], row: WrittenRow) -> None:
+        """A new fact that recall would rank (admitted, the facts' audience, its recall row's lexemes packed and
+        its chunk its own) joins its scope's rows kept in memory (`ScopeMemo.written`), so that the store's
+        search for the facts it may replace, and recalls after it, are answered from them while their print
+        matches."""
+        memo = self.scope_memo
+        expires_at = row.metadata.get("expires_at")
+        if (
+            memo is None
+            or not params.get("assignment_id")
+            or row.status not in self.config.admitted_statuses
+            or params.get("audience") != FACT_AUDIENCE
+            or row.terms is None
+            or params["chunk_id"] != row.id
+            or json.loads(params["meta"]).get("document_id") != row.id
+            or not (expires_at is None or isinstance(expires_at, str))  # as `->>` reads it
+        ):
+            return
+        memo.written(
+            (str(params["org_id"]), str(params["assignment_id"])),
+            Print.of_new_fact(row.version),
+            (row.id, expires_at, row.seq, row.vector, row.dl, row.terms, True),
+            (str(params["content"]), row.metadata, row.created_at, row.updated_at),
+        )
 
     def cosines_to(self, document_id: str, others: Sequence[str], org_id: str) -> dict[str, float]:
         """The cosine similarity of a fact to each of ``others`` (`COSINES_TO`); facts without vectors are absent."""

@@ -184,6 +184,8 @@ class HeldScope:
         self.document_ids: list[str] = []
         self.expires: list[str | None] = []
         self._unit: npt.NDArray[np.float32] = np.zeros((0, dimension), dtype=np.float32)  # grows by doubling
+        # How many rows of `_unit` are written, shared by the scopes sharing it (`extended`): one list per buffer.
+        self._filled = [0]
         self.has_vec: npt.NDArray[np.bool_] = np.zeros(0, dtype=bool)
         self.dl: npt.NDArray[np.float64] = np.zeros(0, dtype=np.float64)
         self.scored: npt.NDArray[np.bool_] = np.zeros(0, dtype=bool)  # False: lends context, never ranked
@@ -210,10 +212,11 @@ class HeldScope:
             return
         rows = context_kept(rows, seq_at=2, scored_at=6)
         n, m = len(self), len(rows)
-        if n + m > self._unit.shape[0]:
+        if n + m > self._unit.shape[0] or self._filled[0] != n:  # no room, or rows past ours are another's
             grown = np.zeros((max(2 * self._unit.shape[0], n + m, 64), self.dimension), dtype=np.float32)
             grown[:n] = self._unit[:n]
-            self._unit = grown
+            self._unit, self._filled = grown, [n]
+        self._filled[0] = n + m
         size = 4 + 4 * self.dimension  # vector_send: 4 header bytes, then the floats
         blobs = [r[3] for r in rows]
         has = np.fromiter((b is not None and len(b) == size for b in blobs), bool, m)
@@ -232,10 +235,24 @@ class HeldScope:
         self.scored = np.concatenate([self.scored, np.fromiter((bool(r[6]) for r in rows), bool, m)])
         self.terms = self.terms.extend(PackedTerms([r[5] for r in rows])).index()
 
+    def extended(self, rows: Sequence[tuple[Any, ...]]) -> HeldScope:
+        """A new scope: these rows, then ``rows`` (as `append` takes them); this one is left as it is, so it
+        can be ranked meanwhile. The vectors' buffer is shared while it has room past this scope's rows that
+        no other scope has written (`_filled`), else copied; callers extending one scope from two threads hold
+        a lock of their own (`scope_memo.ScopeMemo.written`)."""
+        new = HeldScope(self.dimension)
+        new.document_ids, new.expires = list(self.document_ids), list(self.expires)
+        new._unit, new._filled = self._unit, self._filled
+        new.has_vec, new.dl, new.scored, new.terms = self.has_vec, self.dl, self.scored, self.terms
+        new.check, new.read_at = self.check, self.read_at
+        new.append(rows)  # replaces the arrays it extends (never writes into them) and writes vectors past ours
+        return new
+
     def drop(self, document_ids: set[str]) -> None:
         """Forget these facts (they left the scope)."""
         keep = np.fromiter((d not in document_ids for d in self.document_ids), bool, len(self))
         self._unit = self.unit[keep]
+        self._filled = [len(self._unit)]
         flags = keep.tolist()
         self.document_ids = [d for d, k in zip(self.document_ids, flags, strict=True) if k]
         self.expires = [e for e, k in zip(self.expires, flags, strict=True) if k]

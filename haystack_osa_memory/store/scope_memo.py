@@ -44,7 +44,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Any, Literal
 
 import psycopg
@@ -161,6 +161,15 @@ class Print:
         """From the print's `PRINT_COLUMNS` columns."""
         return cls(*(int(c) for c in columns))
 
+    @classmethod
+    def of_new_fact(cls, version: int) -> Print:
+        """What a new fact adds to its scope's print: one governing row, recall row and chunk, all with its id
+        and written by one statement (one version: ``version``, the hash the print sums)."""
+        return cls(1, version, 1, version, 1, version)
+
+    def __add__(self, other: Print) -> Print:
+        return Print(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
 
 @dataclass(frozen=True)
 class Kept:
@@ -213,10 +222,12 @@ class ScopeMemo:
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._facts = 0
         self._lock = threading.Lock()
-        #: Scopes read, recalls answered from the rows kept, and prints that found the scope changed.
+        #: Scopes read, recalls answered from the rows kept, prints that found the scope changed, and facts
+        #: written that joined the rows kept (`written`).
         self.reads = 0
         self.hits = 0
         self.changed = 0
+        self.joined = 0
 
     def route(self, key: tuple[str, str]) -> Route:
         """How a recall of ``key`` reads its scope: ``print`` (rows are kept: read the print with the query's
@@ -262,6 +273,29 @@ class ScopeMemo:
             entry.skips = min(2 ** (entry.streak - 1), MAX_SKIPS)
             return "exact"
 
+    def written(self, key: tuple[str, str], gained: Print, row: tuple[Any, ...], detail: Detail) -> bool:
+        """A new fact of ``key`` was written, and nothing else in its transaction touched its rows: the rows
+        kept join it (``row``: its `MEMO_ROWS` columns from the id to the scored flag, ``detail`` what a recall
+        returns of it) at the print they make with it (the kept print plus ``gained``). The next recall's print
+        checks them like any other: if the scope changed otherwise since they were read (a write of another
+        process, a fact past its validity), or the fact is not in it as written (another status, not valid
+        yet), the print does not match and that recall takes the exact path. A store's search for the facts it
+        may replace, which follows its write, is then answered from memory instead of reading the scope.
+
+        Nothing joins a scope that takes the exact path now (`route`: none kept, unusable, or skipping prints
+        after changes it did not see) or that holds the fact already. True when it joined."""
+        with self._lock:  # held while the rows are extended: two stores of one scope share its vectors' buffer
+            entry = self._entries.get(key)
+            kept = entry.kept if entry is not None and entry.skips == 0 else None
+            if entry is None or kept is None or kept.scope is None or row[0] in kept.details:
+                return False
+            # A new `Kept`: recalls may be ranking the one kept meanwhile, without the lock.
+            entry.kept = Kept(kept.print + gained, kept.scope.extended([row]), {**kept.details, row[0]: detail})
+            self._facts += 1
+            self.joined += 1
+            self._evict()
+        return True
+
     def read(self, cur: psycopg.Cursor[Any], statement: sql.Composed | bytes, params: dict[str, Any]) -> Kept:
         """Read the scope of ``params`` (`FactRepository`'s scope parameters with ``language``) with
         `MEMO_ROWS` on ``cur`` (a binary cursor) and keep it when it fits."""
@@ -293,6 +327,9 @@ class ScopeMemo:
             entry.kept, entry.read_at, entry.seen = kept, time.monotonic(), None
             self._entries[key] = entry
             self._facts += len(kept)
-            while self._facts > self.max_facts:
-                _, gone = self._entries.popitem(last=False)
-                self._facts -= len(gone.kept)
+            self._evict()
+
+    def _evict(self) -> None:
+        while self._facts > self.max_facts:  # under the lock
+            _, gone = self._entries.popitem(last=False)
+            self._facts -= len(gone.kept)
