@@ -158,27 +158,35 @@ JOIN_WAYS = ("apart", "joined")
 
 
 def join_part(args: argparse.Namespace) -> dict[str, Any]:
-    """Stores whose fact joins the rows kept (way True) or not (way False), blocks alternating."""
+    """Stores whose fact joins the rows kept (way True) or not (way False), blocks alternating; ``joins``: the
+    facts that joined the rows kept during each way's blocks."""
+    joins = {False: 0, True: 0}
+    since: list[tuple[bool, int]] = []  # the way of the block running, and the memo's joins at its start
 
     def switch(memory: Memory) -> Any:
         assert memory.kb is not None
         repo = memory.kb.facts
+        memo = repo.scope_memo
+        assert memo is not None
 
         def to(joined: bool) -> None:
+            if since:
+                way, at = since.pop()
+                joins[way] += memo.joined - at
             if joined:
                 repo.__dict__.pop("_written", None)
             else:
                 repo._written = lambda params, row: None  # type: ignore[method-assign]
-            memo = repo.scope_memo
-            assert memo is not None
             with memo._lock:  # each way starts from scopes read again (a store's search reads them once)
                 memo._entries.clear()
                 memo._facts = 0
+            since.append((joined, memo.joined))
 
         return to
 
     result = two_ways(args, "join", JOIN_WAYS, switch)
     result["part"] = "join"
+    result["joins"] = {JOIN_WAYS[0]: joins[False], JOIN_WAYS[1]: joins[True]}
     return result
 
 

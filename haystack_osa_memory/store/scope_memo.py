@@ -15,6 +15,13 @@ rows were read with (`MEMO_ROWS`, print, rows and text from one snapshot), they 
 When it is not, the recall takes the exact path, and the rows are read again once two prints in a row agree
 (`MAX_SKIPS`).
 
+A fact this process writes joins the rows kept (`ScopeMemo.written`): the statement that writes it returns its
+version's hash and its recall row (`fact_writing.WrittenRow`), and the rows kept take it at the print they
+make with it. So a store's search for the facts it may replace, which follows its write, reads the print alone
+instead of the whole scope and the text of the facts it finds. Nothing is taken on trust: if anything else
+changed the scope since its rows were read (another process's write, a fact past its validity), or the fact is
+not in it as written, the next print does not match, and that recall takes the exact path.
+
 Unlike the big scopes' check (`scope_cache.SCOPE_CHECK`), the print applies the scope's whole condition at
 recall time: a fact stored, approved, retired, superseded or past its validity, a governing row's expiry,
 status or metadata changed, a recall row rewritten in place (lexemes inherited by a successor, a fact stored

@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/call_parts.py: both parts, small, in this process against the session's PostgreSQL
+"""Smoke test of benchmarks/call_parts.py: every part, small, in this process against the session's PostgreSQL
 (``PG_CONN_STR``). It checks that each way ran as it says (stores answered with or without suggestions), that
 the read statements were explained and no write was (an ``EXPLAIN ANALYZE`` of a write would store twice);
 the figures themselves come from the full run."""
@@ -45,11 +45,13 @@ def test_plans_part_explains_reads_and_never_a_write(pg_conn_str: str, tmp_path:
     # 3 recalls and the 3 stores' searches for the facts they replace each end with one scope read: the whole
     # scope (`SCOPE_RECALL_ROWS`, with the query's terms), or the rows kept in memory with their print
     # (`scope_memo.MEMO_ROWS`), or neither when the print read with the query's terms (`MEMO_PRINT`) says the rows
-    # kept are current. `SCOPE_ROWS` (the chunk fallback) never runs: every fact here has its recall row.
-    exact, printed, kept = runs("WITH q(lexemes, hashes)"), runs("SELECT q.*, p.count"), runs("WITH m AS MATERIALIZED")
+    # kept are current (a store's own fact joins them). `SCOPE_ROWS` (the chunk fallback) never runs: every fact
+    # here has its recall row.
+    exact, printed, kept = runs("WITH q(lexemes, hashes)"), runs("SELECT q.*, p.*"), runs("WITH m AS MATERIALIZED")
     assert runs("WITH s AS MATERIALIZED") == 0
     assert kept >= 1  # the first recall of a scope keeps its rows
     assert exact + kept <= 6 <= exact + kept + printed
+    assert exact == 0  # each store's fact joined the rows kept: its search read the print alone
     assert all(s["planning_ms"] > 0 and s["execution_ms"] >= 0 for s in statements)
     assert not any("INSERT" in text.upper() for text in by_text)
     not_explained = result["not_explained"]
@@ -79,3 +81,15 @@ def test_exact_reads_refuse_a_query_vector() -> None:
     script = load_benchmark(REPO / "benchmarks" / "call_parts.py", "call_parts_under_test")
     with pytest.raises(SystemExit):
         script.main(["--part", "exact", "--phase", "read", "--embedder", "minilm"])
+
+
+def test_join_part_measures_stores_with_and_without_the_join(pg_conn_str: str, tmp_path: Path) -> None:
+    result = run(tmp_path, "--part", "join", "--block", "6", "--rounds", "2")
+    assert result["part"] == "join"
+    # 2 blocks a way, each from scopes read again: the first store of each of the 2 scopes reads them, the rest join.
+    assert result["joins"] == {"apart": 0, "joined": 2 * (6 - 2)}
+    for part in ("server", "total"):
+        figures = result[part]
+        assert isinstance(figures, dict)
+        assert figures["apart_ms"] > 0
+        assert figures["joined_ms"] > 0
