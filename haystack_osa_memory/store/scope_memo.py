@@ -188,6 +188,8 @@ class Kept:
     scope: HeldScope | None
     details: dict[str, Detail] = field(default_factory=dict)
     unusable: bool = False
+    #: The greatest storing order (``seq``) among the rows; None when there are none.
+    last_seq: int | None = None
 
     def __len__(self) -> int:
         return len(self.scope) if self.scope is not None else 0
@@ -290,14 +292,21 @@ class ScopeMemo:
         may replace, which follows its write, is then answered from memory instead of reading the scope.
 
         Nothing joins a scope that takes the exact path now (`route`: none kept, unusable, or skipping prints
-        after changes it did not see) or that holds the fact already. True when it joined."""
+        after changes it did not see), that holds the fact already, or whose rows hold a later storing order
+        (the fact would not be the last row of the exact path's order). True when it joined."""
         with self._lock:  # held while the rows are extended: two stores of one scope share its vectors' buffer
             entry = self._entries.get(key)
             kept = entry.kept if entry is not None and entry.skips == 0 else None
             if entry is None or kept is None or kept.scope is None or row[0] in kept.details:
                 return False
+            if kept.last_seq is not None and row[2] <= kept.last_seq:
+                # Stored before a fact the rows hold (their read and this write overlapped): it belongs before
+                # that one in storing order, not after the rows, where joining would put it.
+                return False
             # A new `Kept`: recalls may be ranking the one kept meanwhile, without the lock.
-            entry.kept = Kept(kept.print + gained, kept.scope.extended([row]), {**kept.details, row[0]: detail})
+            entry.kept = Kept(
+                kept.print + gained, kept.scope.extended([row]), {**kept.details, row[0]: detail}, last_seq=row[2]
+            )
             self._facts += 1
             self.joined += 1
             self._evict()
@@ -319,7 +328,8 @@ class ScopeMemo:
             return Kept(printed, None, unusable=True)
         scope = HeldScope(self.dimension)
         scope.append([r[at : at + 7] for r in facts])
-        return Kept(printed, scope, {r[at]: r[at + 8 : at + 12] for r in facts})
+        last_seq = max((r[at + 2] for r in facts if r[at + 2] is not None), default=None)
+        return Kept(printed, scope, {r[at]: r[at + 8 : at + 12] for r in facts}, last_seq=last_seq)
 
     def _keep(self, key: tuple[str, str], kept: Kept) -> None:
         with self._lock:

@@ -1,6 +1,7 @@
 """`ScopeMemo`'s bookkeeping without a database: rows of `MEMO_ROWS`' shape are kept least recently used
 first out within ``max_facts``, a scope too big or holding a fact without a usable recall row routes to the
-exact path, and a changed print makes the next recalls skip it, 1, 2, 4, ... up to `MAX_SKIPS`."""
+exact path, and a changed print makes the next recalls skip it, 1, 2, 4, ... up to `MAX_SKIPS`. A fact written
+joins the rows kept at the print it makes with them, in a copy, unless it would not be their last row."""
 
 from __future__ import annotations
 
@@ -131,3 +132,51 @@ def test_kept_metadata_is_copied_all_the_way_down() -> None:
     copied["tags"].append("b")
     copied["scores"]["lexical"] = 0.0
     assert kept == {"topic": "t", "tags": ["a", {"nested": [1, {"deep": "x"}]}], "scores": {"lexical": 1.5}, "n": None}
+
+
+def joining(seq: int) -> tuple[tuple[Any, ...], Any]:
+    """A new fact's row (id to scored) and detail, as `FactRepository._written` hands them to `written`."""
+    unit = [0.0] * DIM
+    unit[seq % DIM] = 1.0  # a vector of its own
+    vector = struct.pack(">hh4f", DIM, 0, *unit)
+    at = datetime(2026, 12, 6, tzinfo=UTC)
+    return (f"new{seq}", None, seq, vector, 2.0, b"", True), (f"fact {seq}", {"topic": "t"}, at, at)
+
+
+def test_a_written_fact_joins_at_the_print_it_makes_and_leaves_the_rows_before_it_as_they_were() -> None:
+    memo = ScopeMemo(max_facts=100, dimension=DIM)
+    key = ("acme", "a1")
+    before = read(memo, key, rows_of(3, 7))
+    assert memo.route(key) == "print"
+    row, detail = joining(9)
+    assert memo.written(key, Print.of_new_fact(5), row, detail)
+    joined = memo.current(key, Print(4, 12, 4, 12, 4, 12))
+    assert not isinstance(joined, str)
+    assert joined.scope is not None
+    assert before.scope is not None
+    assert joined.scope.document_ids == ["d0", "d1", "d2", "new9"]
+    assert joined.details["new9"] == detail
+    assert joined.scope.unit[3].tolist() == [0.0, 1.0, 0.0, 0.0]  # 9 % 4
+    assert joined.last_seq == 9
+    # The rows read before are unchanged (a recall may be ranking them), and so are their vectors.
+    assert before.scope.document_ids == ["d0", "d1", "d2"]
+    assert len(before.scope.unit) == 3
+    assert "new9" not in before.details
+    assert memo.joined == 1
+    # Joining the rows before again (they are no longer kept) would write past them: a copy is made instead.
+    other = before.scope.extended([joining(10)[0]])
+    assert other.unit[3].tolist() == [0.0, 0.0, 1.0, 0.0]  # 10 % 4
+    assert joined.scope.unit[3].tolist() == [0.0, 1.0, 0.0, 0.0]
+    assert other.unit is not joined.scope.unit
+
+
+def test_a_written_fact_does_not_join_rows_that_it_would_not_end() -> None:
+    memo = ScopeMemo(max_facts=100, dimension=DIM)
+    key = ("acme", "a1")
+    assert not memo.written(key, Print.of_new_fact(5), *joining(9))  # nothing kept
+    read(memo, key, rows_of(3, 7))  # seqs 1 to 3
+    assert not memo.written(key, Print.of_new_fact(5), *joining(2))  # stored before the last row kept
+    assert not memo.written(key, Print.of_new_fact(5), ("d1", *joining(9)[0][1:]), joining(9)[1])  # kept already
+    assert memo.current(key, Print(4, 12, 4, 12, 4, 12)) == "exact"  # changed otherwise: skips its print now
+    assert not memo.written(key, Print.of_new_fact(5), *joining(9))
+    assert memo.joined == 0
