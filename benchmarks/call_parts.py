@@ -13,11 +13,10 @@ Parts of a call that the served figures (`load.py --driver wrk`) cannot tell apa
   rows not kept in memory (`scope_memo` off), as a recall after a store reads them; ``--phase read`` times the
   read alone (`FactRepository.scope_hits` on the seeded scopes, a new fact's text as the query, as a store's search
   reads, nothing written: the scopes keep their size, lexical only).
-- ``--part join``: stores whose search for the facts they may replace finds the facts stored since the rows kept
-  in memory were read and, the print adding up, joins them to those rows (`ScopeMemo.current`, the package's way:
-  answered from memory) against stores whose search finds the print changed and reads the scope (the way before
-  it). Blocks alternating as for ``search``; the rows kept are dropped before each block, so that each way
-  starts from scopes read once.
+- ``--part join``: stores whose fact joins its scope's rows kept in memory (`ScopeMemo.written`, the package's
+  way: the store's search is answered from them) against stores whose fact does not (the way before it: the
+  search finds the scope changed and reads it). Blocks alternating as for ``search``; the rows kept are dropped
+  before each block, so that each way starts from a scope read once.
 - ``--part plans``: PostgreSQL's planning and execution time of each read statement a recall and a store run,
   medians over ``--calls`` recalls and stores. Right before a statement runs, the same text runs once more
   under ``EXPLAIN (ANALYZE, SUMMARY)`` on the same connection with the same parameters (psycopg's
@@ -69,7 +68,6 @@ from benchmarks.workload import (
     ways_result,
 )
 from haystack_osa_memory import Memory
-from haystack_osa_memory.store import scope_memo
 from haystack_osa_memory.store.candidates import ScopeHit, exact_hits
 from haystack_osa_memory.store.facts import FactRepository
 from haystack_osa_memory.store.parameters import text_array
@@ -155,38 +153,38 @@ def exact_part(args: argparse.Namespace) -> dict[str, Any]:
 EXACT_WAYS = ("apart", "one")
 
 
-#: A store's two ways (`join_part`): the facts stored since the rows kept were read left out of them, or joining them.
+#: A store's two ways (`join_part`): its fact left out of the rows kept, or joining them.
 JOIN_WAYS = ("apart", "joined")
 
 
 def join_part(args: argparse.Namespace) -> dict[str, Any]:
-    """Stores whose search joins the facts stored since to the rows kept (way True) or not (way False), blocks
-    alternating; ``joins``: the facts that joined the rows kept during each way's blocks."""
+    """Stores whose fact joins the rows kept (way True) or not (way False), blocks alternating; ``joins``: the
+    facts that joined the rows kept during each way's blocks."""
     joins = {False: 0, True: 0}
     since: list[tuple[bool, int]] = []  # the way of the block running, and the memo's joins at its start
-    caught_up = scope_memo._caught_up
 
     def switch(memory: Memory) -> Any:
         assert memory.kb is not None
-        memo = memory.kb.facts.scope_memo
+        repo = memory.kb.facts
+        memo = repo.scope_memo
         assert memo is not None
 
         def to(joined: bool) -> None:
             if since:
                 way, at = since.pop()
-                joins[way] += memo.caught_up - at
-            scope_memo._caught_up = caught_up if joined else lambda kept, now, stored_after: None
+                joins[way] += memo.joined - at
+            if joined:
+                repo.__dict__.pop("_written", None)
+            else:
+                repo._written = lambda params, row: None  # type: ignore[method-assign]
             with memo._lock:  # each way starts from scopes read again (a store's search reads them once)
                 memo._entries.clear()
                 memo._facts = 0
-            since.append((joined, memo.caught_up))
+            since.append((joined, memo.joined))
 
         return to
 
-    try:
-        result = two_ways(args, "join", JOIN_WAYS, switch)
-    finally:
-        scope_memo._caught_up = caught_up
+    result = two_ways(args, "join", JOIN_WAYS, switch)
     result["part"] = "join"
     result["joins"] = {JOIN_WAYS[0]: joins[False], JOIN_WAYS[1]: joins[True]}
     return result

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import sql
@@ -76,7 +76,8 @@ UPSERT_GOVERNING_ROW = sql.SQL(
       AND d.source = EXCLUDED.source
       AND d.content_hash = EXCLUDED.content_hash
       AND d.metadata->>'assignment_id' = EXCLUDED.metadata->>'assignment_id'
-    RETURNING id, status, seq, metadata->>'held_again_after' AS held_again_after"""
+    RETURNING id, status, seq, metadata, created_at, updated_at,
+        hashtextextended(id || '/' || xmin::text, 0) AS version"""
 )
 INSERT_AUDIT = sql.SQL(
     """INSERT INTO {mem}.audit (actor, action, org_id, assignment_id, document_id, details)
@@ -88,7 +89,10 @@ INSERT_AUDIT = sql.SQL(
 # selects FROM it, so when that upsert refuses (the id belongs to another scope) nothing is written.
 # The lexical statistics (same expression the recall query falls back to) spare recall re-tokenising
 # every fact of the scope on every query; they are used only while the chunk's content still has the
-# same md5 (a chunk changed by other tools is re-tokenised at query time).
+# same md5 (a chunk changed by other tools is re-tokenised at query time). Each row written returns its
+# version's hash (`WrittenRow`): with the recall row's columns, the scope's kept rows take the fact in memory.
+# The text is tokenised once (``OFFSET 0``, see SCOPE_ROWS). Comments stay out of the statement: psycopg parses
+# one longer than 4,096 bytes again on every execute (docs/traps.md).
 
 WRITE_FACT = sql.SQL(
     """WITH g AS ({upsert_row}),
@@ -96,8 +100,8 @@ a AS (
     INSERT INTO {mem}.audit (actor, action, org_id, assignment_id, document_id, details)
     SELECT %(actor)s, %(action)s, %(org_id)s, %(assignment_id)s, g.id,
            jsonb_build_object('status', g.status, 'kind', %(kind)s::text)
-           || CASE WHEN g.held_again_after IS NULL THEN '{{}}'::jsonb
-                   ELSE jsonb_build_object('held_again_after', g.held_again_after) END
+           || CASE WHEN g.metadata->>'held_again_after' IS NULL THEN '{{}}'
+                   ELSE jsonb_build_object('held_again_after', g.metadata->'held_again_after') END
     FROM g WHERE %(audit)s::boolean
 ),
 c AS (
@@ -116,16 +120,39 @@ t AS (
                >= %(vector_index_from)s
     FROM g, (SELECT to_tsvector(%(language)s::regconfig,
                     regexp_replace(%(content)s, '^<!-- osa-memory:scope [^\n]* -->\n', '')) AS tsv
-             OFFSET 0) x,  -- tokenised once (see SCOPE_ROWS)
+             OFFSET 0) x,
          LATERAL ({lexeme_stats}) ls
     ON CONFLICT (document_id) DO UPDATE SET
         language = EXCLUDED.language, content_md5 = EXCLUDED.content_md5, terms = EXCLUDED.terms, dl = EXCLUDED.dl,
         content_hash = EXCLUDED.content_hash, embedding = EXCLUDED.embedding,
         org_id = EXCLUDED.org_id, assignment_id = EXCLUDED.assignment_id, seq = EXCLUDED.seq,
         term_keys = EXCLUDED.term_keys, vector_indexed = EXCLUDED.vector_indexed
+    RETURNING vector_send(embedding) AS vector, dl, terms
 )
-SELECT g.id, g.status, g.held_again_after FROM g"""
+SELECT g.*, t.* FROM g LEFT JOIN t ON true"""
 )
+
+
+class WrittenRow(NamedTuple):
+    """`WRITE_FACT`'s row: the id, status and storing order (``metadata`` names a former successor as
+    ``held_again_after``), then what the scope's rows kept in memory need of the fact
+    (`FactRepository._written`): its governing row's version hash as the print sums it (`scope_memo`; its
+    chunk and recall row, written by the same statement, have the same id and version) and the columns
+    `scope_memo.MEMO_ROWS` reads of it. ``vector``, ``dl`` and ``terms`` are None when no recall row was
+    written."""
+
+    id: str
+    status: str
+    seq: int
+    metadata: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+    version: int
+    vector: bytes | None
+    dl: float | None
+    terms: bytes | None
+
+
 # The successor's valid_from as text (ISO 8601, UTC), for its predecessors' valid_to.
 _VALID_FROM_TEXT = sql.SQL(
     """coalesce(s.metadata->>'valid_from',
@@ -296,6 +323,7 @@ class FactWriting:
             else:
                 cur.executemany(self._write_fact, params, returning=True)
             detached: list[tuple[dict[str, Any], str]] = []
+            rows: list[WrittenRow] = []
             for n, p in enumerate(params):
                 if n:
                     cur.nextset()
@@ -303,9 +331,11 @@ class FactWriting:
                 if found is None:
                     msg = f"document id {p['id']} belongs to another document; refusing to overwrite it"
                     raise DatabaseError(msg)
-                written.append((p["id"], str(found[1])))
-                if found[2] is not None:
-                    detached.append((p, str(found[2])))
+                rows.append(WrittenRow(*found))
+                written.append((p["id"], str(rows[-1].status)))
+                successor = rows[-1].metadata.get("held_again_after")
+                if successor is not None:
+                    detached.append((p, str(successor)))
             for p, successor in detached:
                 # It no longer lists the fact that holds again: its recall row loses that fact's words.
                 scope = {**self._scope_of(p), "successor": successor}
@@ -320,7 +350,16 @@ class FactWriting:
                         )
                         raise SupersessionError(msg)
                     self._supersede_in(cur, p, list(row["supersedes"]))
+        if len(rows) == 1 and not detached and not items[0][0].get("supersedes"):
+            # Nothing else in its transaction changed the rows it wrote: what it returned of them is what
+            # committed (a later statement would have changed them under the same version).
+            self._written(params[0], rows[0])
         return written
+
+    def _written(self, params: dict[str, Any], row: WrittenRow) -> None:
+        """After one fact's write committed, the only statement of its transaction that touched its rows:
+        ``params`` as written, ``row`` what `WRITE_FACT` returned. `FactRepository` adds it to the scope's rows
+        kept in memory (`scope_memo`)."""
 
     @staticmethod
     def _scope_of(written: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ recall (`scope_query`), the exact path and the text of the facts returned (`cand
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -73,6 +74,7 @@ from haystack_osa_memory.store.fact_writing import (
     UPSERT_GOVERNING_ROW,
     WRITE_FACT,
     FactWriting,
+    WrittenRow,
 )
 from haystack_osa_memory.store.parameters import text_array, vector_parameter
 from haystack_osa_memory.store.ranking import RankingParams
@@ -92,7 +94,7 @@ from haystack_osa_memory.store.recall_rows import (
 )
 from haystack_osa_memory.store.scope_cache import Check, HeldScope, ScopeCache, governing_row_by_id
 from haystack_osa_memory.store.scope_cache import Statements as CacheStatements
-from haystack_osa_memory.store.scope_memo import MEMO_MAX_FACTS, PRINT_AND_TERMS_COLUMNS, Kept, Print, ScopeMemo
+from haystack_osa_memory.store.scope_memo import MEMO_MAX_FACTS, Kept, Print, ScopeMemo
 from haystack_osa_memory.store.scope_memo import Statements as MemoStatements
 from haystack_osa_memory.store.scope_query import (
     CONTEXT_STATUSES,
@@ -351,19 +353,18 @@ class FactRepository(FactWriting, BigScopes):
             route = memo.route(key) if usual and memo is not None and size.facts <= self.exact_scope_max else "exact"
             seen = Check(0, 0, 0)
             printed: Print | None = None
-            stored_after: list[tuple[Any, ...]] = []
             if held_here:
                 # The query's lexemes and the held scope's check in one round trip.
                 row = cur.execute(self._held_terms_check, {**params, "query": query}).fetchone()
                 assert row is not None  # an aggregate over a one-row join: always one row
                 lexemes, query_terms = list(row[0]), list(row[1])
                 seen = Check(int(row[2]), int(row[3]), int(row[4]))
-            elif route == "print" and memo is not None:
-                # The query's lexemes, the kept scope's print and the facts stored after its rows in one round trip.
-                rows = cur.execute(self._memo_print, {**params, "query": query, "after": memo.after(key)}).fetchall()
-                lexemes, query_terms = list(rows[0][0]), list(rows[0][1])  # the print's row joins every row
-                printed = Print.of(*rows[0][2:PRINT_AND_TERMS_COLUMNS])
-                stored_after = [r[PRINT_AND_TERMS_COLUMNS:] for r in rows if r[PRINT_AND_TERMS_COLUMNS] is not None]
+            elif route == "print":
+                # The query's lexemes and the kept scope's print in one round trip.
+                row = cur.execute(self._memo_print, {**params, "query": query}).fetchone()
+                assert row is not None  # as above
+                lexemes, query_terms = list(row[0]), list(row[1])
+                printed = Print.of(*row[2:])
             elif (
                 route == "exact"
                 and size.facts <= self.exact_scope_max
@@ -383,7 +384,7 @@ class FactRepository(FactWriting, BigScopes):
                     cur, params, query_terms, size, ranking, embedding is not None, boost_terms=boost_terms
                 )
             if route != "exact" and memo is not None:
-                kept = memo.current(key, printed, stored_after) if printed is not None else route
+                kept = memo.current(key, printed) if printed is not None else route
                 if kept == "exact":  # changed since its rows were read
                     return self._exact_hits(cur, params, query, ranking, boost)
                 if kept == "rows":
@@ -442,6 +443,31 @@ class FactRepository(FactWriting, BigScopes):
                 (scope.org_id, scope.assignment_id), {h.document_id for h in hits} - set(details)
             )
         return with_text(hits, details)
+
+    def _written(self, params: dict[str, Any], row: WrittenRow) -> None:
+        """A new fact that recall would rank (admitted, the facts' audience, its recall row's lexemes packed and
+        its chunk its own) joins its scope's rows kept in memory (`ScopeMemo.written`), so that the store's
+        search for the facts it may replace, and recalls after it, are answered from them while their print
+        matches."""
+        memo = self.scope_memo
+        expires_at = row.metadata.get("expires_at")
+        if (
+            memo is None
+            or not params.get("assignment_id")
+            or row.status not in self.config.admitted_statuses
+            or params.get("audience") != FACT_AUDIENCE
+            or row.terms is None
+            or params["chunk_id"] != row.id
+            or json.loads(params["meta"]).get("document_id") != row.id
+            or not (expires_at is None or isinstance(expires_at, str))  # as `->>` reads it
+        ):
+            return
+        memo.written(
+            (str(params["org_id"]), str(params["assignment_id"])),
+            Print.of_new_fact(row.version),
+            (row.id, expires_at, row.seq, row.vector, row.dl, row.terms, True),
+            (str(params["content"]), row.metadata, row.created_at, row.updated_at),
+        )
 
     def cosines_to(self, document_id: str, others: Sequence[str], org_id: str) -> dict[str, float]:
         """The cosine similarity of a fact to each of ``others`` (`COSINES_TO`); facts without vectors are absent."""

@@ -239,7 +239,7 @@ class HeldScope:
         """A new scope: these rows, then ``rows`` (as `append` takes them); this one is left as it is, so it
         can be ranked meanwhile. The vectors' buffer is shared while it has room past this scope's rows that
         no other scope has written (`_filled`), else copied; callers extending one scope from two threads hold
-        a lock of their own (`scope_memo.ScopeMemo.current`)."""
+        a lock of their own (`scope_memo.ScopeMemo.written`)."""
         new = HeldScope(self.dimension)
         new.document_ids, new.expires = list(self.document_ids), list(self.expires)
         new._unit, new._filled = self._unit, self._filled

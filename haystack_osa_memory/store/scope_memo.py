@@ -15,13 +15,12 @@ rows were read with (`MEMO_ROWS`, print, rows and text from one snapshot), they 
 When it is not, the recall takes the exact path, and the rows are read again once two prints in a row agree
 (`MAX_SKIPS`).
 
-Facts stored after the rows were read (by this process or another) join them: the print's statement reads, with
-it, the facts whose storing order (``seq``) is past the rows kept, through the scope index of their recall rows
-(none, most of the time), each with what `MEMO_ROWS` reads of it and the hashes its rows add to the print. When
-the print is the kept one plus theirs, they are appended to the rows kept, which then answer. So a store's search
-for the facts it may replace, which follows its write, reads no more than that; a change of any other kind (a fact
-forgotten, approved, superseded, rewritten, past its validity, or stored late with a lower ``seq``) does not add up,
-and the recall takes the exact path.
+A fact this process writes joins the rows kept (`ScopeMemo.written`): the statement that writes it returns its
+version's hash and its recall row (`fact_writing.WrittenRow`), and the rows kept take it at the print they
+make with it. So a store's search for the facts it may replace, which follows its write, reads the print alone
+instead of the whole scope and the text of the facts it finds. Nothing is taken on trust: if anything else
+changed the scope since its rows were read (another process's write, a fact past its validity), or the fact is
+not in it as written, the next print does not match, and that recall takes the exact path.
 
 Unlike the big scopes' check (`scope_cache.SCOPE_CHECK`), the print applies the scope's whole condition at
 recall time: a fact stored, approved, retired, superseded or past its validity, a governing row's expiry,
@@ -96,39 +95,13 @@ _PRINT = sql.SQL(
     "SELECT count(*), coalesce(sum(hashtextextended(x.document_id || '/' || x.version, 0)::numeric), 0) FROM {rows} x"
 )
 # The print alone (the governing rows', the recall rows', the chunks'), with the query's terms
-# (`recall_rows.QUERY_TERMS`) in the same round trip, and the facts stored after the rows kept (``after``: their
-# last ``seq``), found through the scope index of their recall rows (none, most of the time): each with the
-# columns `MEMO_ROWS` reads and the hashes its three rows add to the print. When the print is the kept one plus
-# theirs, they join the rows kept (`ScopeMemo.current`): another process's store is caught up on. Each governing
-# row is probed by primary key behind a fence, the scope's conditions outside it (`scope_cache.GOVERNING_ROW_BY_ID`).
-_AFTER = sql.SQL(
-    """SELECT g.id, g.metadata->>'expires_at', g.seq, vector_send(t.embedding), t.dl::float8, t.terms,
-       g.status = ANY(%(statuses)s),
-       (t.content_hash = g.content_hash AND t.language = %(language)s::text AND t.terms IS NOT NULL
-        AND c.meta->>'document_id' IS NOT DISTINCT FROM g.id),
-       c.content, g.metadata, g.created_at, g.updated_at,
-       hashtextextended(g.id || '/' || g.version, 0), hashtextextended(t.document_id || '/' || t.xmin::text, 0),
-       hashtextextended(c.id || '/' || c.version, 0)
-FROM {schema}.osa_fact_terms t,
-     LATERAL (SELECT g.id, g.seq, g.audience, g.status, g.content_hash, g.metadata, g.created_at, g.updated_at,
-                     g.xmin::text AS version
-              FROM {schema}.{gov} g WHERE g.id = t.document_id AND g.org_id = %(org_id)s OFFSET 0) g
-     LEFT JOIN LATERAL (SELECT c.id, c.xmin::text AS version, c.content, c.meta FROM {schema}.{chunk} c
-                        WHERE c.id = g.id OFFSET 0) c ON true
-WHERE t.org_id = %(org_id)s AND t.assignment_id = %(assignment_id)s AND t.seq > %(after)s::bigint
-  AND g.audience = ANY(%(audiences)s) AND g.status = ANY(%(read_statuses)s)
-  AND g.metadata->>'assignment_id' = %(assignment_id)s AND g.seq > %(after)s::bigint AND {valid_at}
-ORDER BY g.seq, g.created_at, g.id"""
-)
+# (`recall_rows.QUERY_TERMS`) in the same round trip.
 MEMO_PRINT = sql.SQL(
-    """SELECT q.*, p.*, a.*
+    """SELECT q.*, p.*
 FROM ({query_terms}) q(lexemes, hashes),
      (WITH {scope}, {recall_rows}, {chunks}
-      SELECT pm.*, pr.*, pc.* FROM ({print_m}) pm, ({print_r}) pr, ({print_c}) pc) p
-     LEFT JOIN LATERAL ({after}) a ON true"""
+      SELECT pm.*, pr.*, pc.* FROM ({print_m}) pm, ({print_r}) pr, ({print_c}) pc) p"""
 )
-#: Columns of `MEMO_PRINT` before the facts stored after the rows kept: the query's terms and the print.
-PRINT_AND_TERMS_COLUMNS = 8
 # The print and the rows, from one snapshot, in the exact path's order, with what a recall returns of each
 # fact (`candidates.SCOPE_FACTS`' columns). ``usable``: the fact's recall row is among the scope's and is the
 # one the exact path would rank (same content hash and language, lexemes packed), and its chunk is its own.
@@ -167,7 +140,6 @@ class Statements:
                 recall_rows=_RECALL_ROWS.format(columns=sql.SQL(""), **names),
                 chunks=_CHUNKS.format(columns=sql.SQL(""), **names),
                 query_terms=query_terms,
-                after=_AFTER.format(valid_at=valid_at, **names),
                 **prints,
             ),
             rows=MEMO_ROWS.format(
@@ -196,6 +168,12 @@ class Print:
         """From the print's `PRINT_COLUMNS` columns."""
         return cls(*(int(c) for c in columns))
 
+    @classmethod
+    def of_new_fact(cls, version: int) -> Print:
+        """What a new fact adds to its scope's print: one governing row, recall row and chunk, all with its id
+        and written by one statement (one version: ``version``, the hash the print sums)."""
+        return cls(1, version, 1, version, 1, version)
+
     def __add__(self, other: Print) -> Print:
         return Print(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
@@ -215,33 +193,6 @@ class Kept:
 
     def __len__(self) -> int:
         return len(self.scope) if self.scope is not None else 0
-
-
-#: `ScopeMemo.after` when no row is kept: below every storing order.
-NO_SEQ = -(2**63)
-
-
-def _caught_up(kept: Kept, now: Print, stored_after: Sequence[tuple[Any, ...]]) -> Kept | None:
-    """``kept`` with the facts ``stored_after`` it, when the print they make together is ``now`` and each of them
-    can be ranked from memory (its recall row usable, its chunk its own); else None."""
-    if not stored_after or kept.scope is None:
-        return None
-    if not all(r[7] and r[13] is not None and r[14] is not None for r in stored_after):
-        return None
-    if any(r[0] in kept.details for r in stored_after):
-        return None
-    n = len(stored_after)
-    gained = Print(
-        n, sum(r[12] for r in stored_after), n, sum(r[13] for r in stored_after), n, sum(r[14] for r in stored_after)
-    )
-    if kept.print + gained != now:
-        return None
-    return Kept(
-        now,
-        kept.scope.extended([r[:7] for r in stored_after]),
-        {**kept.details, **{r[0]: r[8:12] for r in stored_after}},
-        last_seq=stored_after[-1][2],
-    )
 
 
 #: After a recall finds its scope changed since its rows were read, it takes the exact path, and so do the next
@@ -281,11 +232,11 @@ class ScopeMemo:
         self._facts = 0
         self._lock = threading.Lock()
         #: Scopes read, recalls answered from the rows kept, prints that found the scope changed, and facts
-        #: stored after the rows kept that joined them when a print found them (`current`).
+        #: written that joined the rows kept (`written`).
         self.reads = 0
         self.hits = 0
         self.changed = 0
-        self.caught_up = 0
+        self.joined = 0
 
     def route(self, key: tuple[str, str]) -> Route:
         """How a recall of ``key`` reads its scope: ``print`` (rows are kept: read the print with the query's
@@ -310,33 +261,14 @@ class ScopeMemo:
             entry = self._entries.get(key)
             return entry is not None and entry.kept.unusable
 
-    def after(self, key: tuple[str, str]) -> int:
-        """The storing order (``seq``) past which `MEMO_PRINT` reads the facts stored after the rows kept."""
-        with self._lock:
-            entry = self._entries.get(key)
-            last = entry.kept.last_seq if entry is not None else None
-        return last if last is not None else NO_SEQ
-
-    def current(
-        self, key: tuple[str, str], now: Print, stored_after: Sequence[tuple[Any, ...]] = ()
-    ) -> Kept | Literal["rows", "exact"]:
-        """The rows kept for ``key`` if they were read at the print ``now``, or if ``now`` is their print plus
-        what the facts ``stored_after`` them add (`MEMO_PRINT`'s columns past `PRINT_AND_TERMS_COLUMNS`): those
-        join them first (another process stored them). Otherwise ``rows`` when the scope has not changed since
-        the previous print found it changed (read the rows again: they are likely to be used), else ``exact``
-        (take the exact path; the next recalls of ``key`` skip the print, `MAX_SKIPS`)."""
+    def current(self, key: tuple[str, str], now: Print) -> Kept | Literal["rows", "exact"]:
+        """The rows kept for ``key`` if they were read at the print ``now``. Otherwise ``rows`` when the scope
+        has not changed since the previous print found it changed (read the rows again: they are likely to be
+        used), else ``exact`` (take the exact path; the next recalls of ``key`` skip the print, `MAX_SKIPS`)."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
                 return "rows"
-            caught_up = _caught_up(entry.kept, now, stored_after) if entry.kept.print != now else None
-            if caught_up is not None:
-                self._facts += len(caught_up) - len(entry.kept)
-                entry.kept = caught_up
-                self.caught_up += len(stored_after)
-                self._evict()
-                if key not in self._entries:
-                    return caught_up
             if entry.kept.print == now:
                 self._entries.move_to_end(key)
                 entry.streak, entry.seen = 0, None
@@ -349,6 +281,36 @@ class ScopeMemo:
             entry.streak = min(entry.streak + 1, MAX_SKIPS.bit_length())
             entry.skips = min(2 ** (entry.streak - 1), MAX_SKIPS)
             return "exact"
+
+    def written(self, key: tuple[str, str], gained: Print, row: tuple[Any, ...], detail: Detail) -> bool:
+        """A new fact of ``key`` was written, and nothing else in its transaction touched its rows: the rows
+        kept join it (``row``: its `MEMO_ROWS` columns from the id to the scored flag, ``detail`` what a recall
+        returns of it) at the print they make with it (the kept print plus ``gained``). The next recall's print
+        checks them like any other: if the scope changed otherwise since they were read (a write of another
+        process, a fact past its validity), or the fact is not in it as written (another status, not valid
+        yet), the print does not match and that recall takes the exact path. A store's search for the facts it
+        may replace, which follows its write, is then answered from memory instead of reading the scope.
+
+        Nothing joins a scope that takes the exact path now (`route`: none kept, unusable, or skipping prints
+        after changes it did not see), that holds the fact already, or whose rows hold a later storing order
+        (the fact would not be the last row of the exact path's order). True when it joined."""
+        with self._lock:  # held while the rows are extended: two stores of one scope share its vectors' buffer
+            entry = self._entries.get(key)
+            kept = entry.kept if entry is not None and entry.skips == 0 else None
+            if entry is None or kept is None or kept.scope is None or row[0] in kept.details:
+                return False
+            if kept.last_seq is not None and row[2] <= kept.last_seq:
+                # Stored before a fact the rows hold (their read and this write overlapped): it belongs before
+                # that one in storing order, not after the rows, where joining would put it.
+                return False
+            # A new `Kept`: recalls may be ranking the one kept meanwhile, without the lock.
+            entry.kept = Kept(
+                kept.print + gained, kept.scope.extended([row]), {**kept.details, row[0]: detail}, last_seq=row[2]
+            )
+            self._facts += 1
+            self.joined += 1
+            self._evict()
+        return True
 
     def read(self, cur: psycopg.Cursor[Any], statement: sql.Composed | bytes, params: dict[str, Any]) -> Kept:
         """Read the scope of ``params`` (`FactRepository`'s scope parameters with ``language``) with

@@ -177,10 +177,10 @@ def test_a_scope_found_changed_by_its_print_takes_the_one_statement(
     config: MemoryConfig, alice: Caller, statements: list[str]
 ) -> None:
     memory = kept_scope(config, alice, statements)
-    first = memory.recall("billing port", caller=alice)["facts"][0]["document_id"]
-    # Forgotten by another process: a change the rows kept cannot take in (a fact stored would join them).
-    other = Memory(config.model_copy(update={"scope_cache_facts": 0}), use_default_embedders=False)
-    other.forget(first, "no longer true", caller=alice)
+    # A store of another process: this one's rows kept do not know its fact (its own would join them).
+    Memory(config.model_copy(update={"scope_cache_facts": 0}), use_default_embedders=False).store(
+        fact(10), caller=alice
+    )
     statements.clear()
     memory.recall("billing port", caller=alice)
     assert scope_reads(statements) == ["print", "one"]

@@ -1,9 +1,8 @@
-"""Facts stored after a scope's rows were kept in memory join them at the next print (`ScopeMemo.current`, with the
-facts `MEMO_PRINT` reads past the rows' last ``seq``): the rows then kept are those a read of the scope would give
-(ids, vectors, lengths, lexemes, text, metadata and timestamps, and the print), whether this process or another
-stored them; a store's search for the facts it may replace is answered from them without reading the scope; and a
-change of any other kind (the same text stored again, a fact held for review, a supersession) does not add up, so
-that recall takes the exact path: the answers stay the exact path's."""
+"""A fact a process writes joins its scope's rows kept in memory (`ScopeMemo.written`): the rows it then keeps are
+those a read of the scope would give (ids, vectors, lengths, lexemes, text, metadata and timestamps, and the print),
+the store's search for the facts it may replace is answered from them without reading the scope, and any other
+change to the scope (another process's write, a fact held for review, a supersession, the same text stored again)
+is seen by the next print: the answers stay the exact path's."""
 
 from __future__ import annotations
 
@@ -37,7 +36,8 @@ def repo_of(memory: Memory) -> FactRepository:
 
 
 def kept_now(memory: Memory, caller: Caller) -> Kept:
-    return memo_of(memory)._entries[(caller.org_id, caller.assignment_id)].kept
+    entry = memo_of(memory)._entries[(caller.org_id, caller.assignment_id)]
+    return entry.kept
 
 
 def read_fresh(memory: Memory, caller: Caller) -> Kept:
@@ -51,7 +51,6 @@ def read_fresh(memory: Memory, caller: Caller) -> Kept:
 
 def assert_same_kept(joined: Kept, fresh: Kept) -> None:
     assert joined.print == fresh.print
-    assert joined.last_seq == fresh.last_seq
     assert joined.details == fresh.details
     assert [type(v) for d in joined.details.values() for v in d] == [type(v) for d in fresh.details.values() for v in d]
     a, b = joined.scope, fresh.scope
@@ -70,36 +69,32 @@ def without_ids(result: dict[str, Any]) -> list[str]:
 
 
 @pytest.mark.parametrize("embedder", ["hybrid", "none"])
-@pytest.mark.parametrize("writer_is", ["this process", "another process"])
-def test_facts_stored_after_the_rows_join_them_as_a_read_would(
-    hybrid_config: MemoryConfig, config: MemoryConfig, alice: Caller, embedder: str, writer_is: str
+def test_a_fact_written_joins_the_kept_rows_as_a_read_would(
+    hybrid_config: MemoryConfig, config: MemoryConfig, alice: Caller, embedder: str
 ) -> None:
     if embedder == "hybrid":
-        seeder, kept = exact_memory(hybrid_config), kept_memory(hybrid_config)
+        writer, kept = exact_memory(hybrid_config), kept_memory(hybrid_config)
     else:
-        seeder = Memory(config.model_copy(update={"scope_cache_facts": 0}), use_default_embedders=False)
+        writer = Memory(config.model_copy(update={"scope_cache_facts": 0}), use_default_embedders=False)
         kept = Memory(config, use_default_embedders=False)
         kept.warm_up()
-    writer = kept if writer_is == "this process" else seeder
     for i in range(FACTS // 2):
-        seeder.store(fact(i), caller=alice)
+        writer.store(fact(i), caller=alice)
     answer(kept, alice, QUERIES[0])  # the rows read and kept
     memo = memo_of(kept)
-    for n, text in enumerate(NEW_FACTS):
-        writer.store(text, caller=alice, topic="moves")
-        if n == 1:
-            writer.store(f"{text} Twice in a row.", caller=alice)
-        answer(kept, alice, "zanzibar crates")  # the print: the facts stored since join the rows kept
+    for text in NEW_FACTS:
+        kept.store(text, caller=alice, topic="moves")
         assert_same_kept(kept_now(kept, alice), read_fresh(kept, alice))
-    assert memo.caught_up == len(NEW_FACTS) + 1
+    assert memo.joined == len(NEW_FACTS)
     assert memo.reads == 1  # never read again: each store's search and each recall answered from memory
-    assert memo.changed == 0
+    hits = memo.hits
     if embedder == "hybrid":
         same_answers(kept, hybrid_config, alice, ("zanzibar crates", "billing port", *QUERIES))
     else:
         exact = Memory(config.model_copy(update={"scope_cache_facts": 0}), use_default_embedders=False)
         for query in ("zanzibar crates", "billing port", *QUERIES):
             assert answer(kept, alice, query) == answer(exact, alice, query), query
+    assert memo.hits > hits
 
 
 def test_a_stores_search_reads_no_scope_rows_and_suggests_what_the_exact_path_does(
@@ -121,7 +116,7 @@ def test_a_stores_search_reads_no_scope_rows_and_suggests_what_the_exact_path_do
         return execute(cur, query, *args, **kwargs)
 
     monkeypatch.setattr(psycopg.Cursor, "execute", recorded)
-    caught_up = memo_of(kept).caught_up
+    joined = memo_of(kept).joined
     for text in ("The billing service listens on port 8042.", "The search cluster runs in region us-3."):
         recording[0] = True
         suggested = without_ids(kept.store(text, caller=alice))
@@ -129,30 +124,45 @@ def test_a_stores_search_reads_no_scope_rows_and_suggests_what_the_exact_path_do
         assert suggested
         assert suggested == without_ids(exact.store(text, caller=bob))
     assert reads == []
-    assert memo_of(kept).caught_up == caught_up + 2
+    assert memo_of(kept).joined == joined + 2
 
 
-def test_changes_of_other_kinds_do_not_add_up(hybrid_config: MemoryConfig, alice: Caller) -> None:
+def test_a_write_elsewhere_before_the_join_is_seen_by_the_next_print(
+    hybrid_config: MemoryConfig, alice: Caller
+) -> None:
     kept, other = kept_memory(hybrid_config), exact_memory(hybrid_config)
-    ids = [other.store(fact(i), caller=alice)["document_id"] for i in range(FACTS // 2)]
+    for i in range(FACTS // 2):
+        other.store(fact(i), caller=alice)
+    answer(kept, alice, QUERIES[0])
+    memo = memo_of(kept)
+    elsewhere = other.store("The walrus deploy number is 1042.", caller=alice)["document_id"]
+    assert memo.changed == 0
+    kept.store("The zanzibar crates ship on Tuesdays.", caller=alice)  # joins rows that miss the walrus
+    assert memo.joined == 1
+    assert memo.changed == 1  # the store's own search: its print is not the one the rows joined make
+    assert elsewhere in [a[0] for a in answer(kept, alice, "walrus deploy number")]
+    same_answers(kept, hybrid_config, alice, ("walrus deploy", "zanzibar crates", *QUERIES))
+
+
+def test_facts_that_change_the_scope_otherwise_do_not_join(hybrid_config: MemoryConfig, alice: Caller) -> None:
+    kept = kept_memory(hybrid_config)
+    ids = [kept.store(fact(i), caller=alice)["document_id"] for i in range(FACTS // 2)]
     memo = memo_of(kept)
     cases = {
-        "the same text again (its storing order kept)": lambda: other.store(fact(3), caller=alice),
-        "held for review (a recall row outside the scope)": lambda: other.propose(
+        "the same text again: kept already": lambda: kept.store(fact(3), caller=alice),
+        "held for review": lambda: kept.propose(
             "procedure", "Rotate keys", "Rotate the signing keys every quarter", caller=alice
         ),
-        "a supersession (a governing row changed)": lambda: other.store(
+        "a supersession": lambda: kept.store(
             "The billing service listens on port 9443.", supersedes=[ids[0]], caller=alice
         ),
-        "forgotten": lambda: other.forget(ids[1], "no longer true", caller=alice),
     }
     for case, write in cases.items():
         memo._entries.clear()
         memo._facts = 0
         answer(kept, alice, QUERIES[0])  # the rows read again, as they are now
-        caught_up, changed = memo.caught_up, memo.changed
+        joined, reads = memo.joined, memo.reads
         write()
-        answer(kept, alice, "billing service port")
-        assert memo.caught_up == caught_up, case
-        assert memo.changed == changed + 1, case
+        assert memo.joined == joined, case
         same_answers(kept, hybrid_config, alice, ("billing service port", "rotate signing keys", *QUERIES))
+        assert memo.reads == reads + 1, case  # read again after the change, not answered from the rows before

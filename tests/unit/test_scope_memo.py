@@ -1,7 +1,7 @@
 """`ScopeMemo`'s bookkeeping without a database: rows of `MEMO_ROWS`' shape are kept least recently used
 first out within ``max_facts``, a scope too big or holding a fact without a usable recall row routes to the
-exact path, and a changed print makes the next recalls skip it, 1, 2, 4, ... up to `MAX_SKIPS`. A fact
-stored after the rows kept joins them, in a copy, when the print adds up."""
+exact path, and a changed print makes the next recalls skip it, 1, 2, 4, ... up to `MAX_SKIPS`. A fact written
+joins the rows kept at the print it makes with them, in a copy, unless it would not be their last row."""
 
 from __future__ import annotations
 
@@ -134,76 +134,49 @@ def test_kept_metadata_is_copied_all_the_way_down() -> None:
     assert kept == {"topic": "t", "tags": ["a", {"nested": [1, {"deep": "x"}]}], "scores": {"lexical": 1.5}, "n": None}
 
 
-def stored_after(seq: int, version: int = 5) -> tuple[Any, ...]:
-    """A fact stored after the rows kept as `MEMO_PRINT` reads it: id to scored, usable, content, metadata, created_at,
-    updated_at, then the hashes of its governing row, recall row and chunk."""
+def joining(seq: int) -> tuple[tuple[Any, ...], Any]:
+    """A new fact's row (id to scored) and detail, as `FactRepository._written` hands them to `written`."""
     unit = [0.0] * DIM
     unit[seq % DIM] = 1.0  # a vector of its own
-    at = datetime(2026, 12, 6, tzinfo=UTC)
     vector = struct.pack(">hh4f", DIM, 0, *unit)
-    return (
-        f"new{seq}",
-        None,
-        seq,
-        vector,
-        2.0,
-        b"",
-        True,
-        True,
-        f"fact {seq}",
-        {"topic": "t"},
-        at,
-        at,
-        version,
-        version,
-        version,
-    )
+    at = datetime(2026, 12, 6, tzinfo=UTC)
+    return (f"new{seq}", None, seq, vector, 2.0, b"", True), (f"fact {seq}", {"topic": "t"}, at, at)
 
 
-def test_facts_stored_after_the_rows_join_them_when_the_print_adds_up() -> None:
+def test_a_written_fact_joins_at_the_print_it_makes_and_leaves_the_rows_before_it_as_they_were() -> None:
     memo = ScopeMemo(max_facts=100, dimension=DIM)
     key = ("acme", "a1")
-    before = read(memo, key, rows_of(3, 7))  # seqs 1 to 3
-    assert memo.after(key) == 3
-    assert before.scope is not None
-    joined = memo.current(
-        key, Print(5, 7 + 5 + 6, 5, 7 + 5 + 6, 5, 7 + 5 + 6), [stored_after(9, 5), stored_after(10, 6)]
-    )
+    before = read(memo, key, rows_of(3, 7))
+    assert memo.route(key) == "print"
+    row, detail = joining(9)
+    assert memo.written(key, Print.of_new_fact(5), row, detail)
+    joined = memo.current(key, Print(4, 12, 4, 12, 4, 12))
     assert not isinstance(joined, str)
     assert joined.scope is not None
-    assert joined.scope.document_ids == ["d0", "d1", "d2", "new9", "new10"]
-    assert joined.details["new10"] == (
-        "fact 10",
-        {"topic": "t"},
-        datetime(2026, 12, 6, tzinfo=UTC),
-        datetime(2026, 12, 6, tzinfo=UTC),
-    )
+    assert before.scope is not None
+    assert joined.scope.document_ids == ["d0", "d1", "d2", "new9"]
+    assert joined.details["new9"] == detail
     assert joined.scope.unit[3].tolist() == [0.0, 1.0, 0.0, 0.0]  # 9 % 4
-    assert (joined.last_seq, memo.after(key), memo.caught_up, memo.hits) == (10, 10, 2, 1)
+    assert joined.last_seq == 9
     # The rows read before are unchanged (a recall may be ranking them), and so are their vectors.
     assert before.scope.document_ids == ["d0", "d1", "d2"]
     assert len(before.scope.unit) == 3
     assert "new9" not in before.details
-    # Extending the rows before again (they are no longer kept) would write past them: a copy is made instead.
-    other = before.scope.extended([stored_after(11)[:7]])
-    assert other.unit[3].tolist() == [0.0, 0.0, 0.0, 1.0]  # 11 % 4
+    assert memo.joined == 1
+    # Joining the rows before again (they are no longer kept) would write past them: a copy is made instead.
+    other = before.scope.extended([joining(10)[0]])
+    assert other.unit[3].tolist() == [0.0, 0.0, 1.0, 0.0]  # 10 % 4
     assert joined.scope.unit[3].tolist() == [0.0, 1.0, 0.0, 0.0]
     assert other.unit is not joined.scope.unit
 
 
-def test_facts_stored_after_the_rows_do_not_join_them_when_it_does_not_add_up() -> None:
+def test_a_written_fact_does_not_join_rows_that_it_would_not_end() -> None:
     memo = ScopeMemo(max_facts=100, dimension=DIM)
     key = ("acme", "a1")
-    assert memo.after(key) == scope_memo.NO_SEQ
-    read(memo, key, rows_of(3, 7))
-    now = Print(4, 12, 4, 12, 4, 12)
-    unusable = (*stored_after(9)[:7], False, *stored_after(9)[8:])
-    without_chunk = (*stored_after(9)[:14], None)
-    kept_already = ("d1", *stored_after(9)[1:])
-    for case in (unusable, without_chunk, kept_already):
-        memo._entries[key].skips, memo._entries[key].seen = 0, None
-        assert memo.current(key, now, [case]) == "exact"
-    memo._entries[key].skips, memo._entries[key].seen = 0, None
-    assert memo.current(key, Print(4, 13, 4, 12, 4, 12), [stored_after(9)]) == "exact"  # another change too
-    assert memo.caught_up == 0
-    assert memo.after(key) == 3
+    assert not memo.written(key, Print.of_new_fact(5), *joining(9))  # nothing kept
+    read(memo, key, rows_of(3, 7))  # seqs 1 to 3
+    assert not memo.written(key, Print.of_new_fact(5), *joining(2))  # stored before the last row kept
+    assert not memo.written(key, Print.of_new_fact(5), ("d1", *joining(9)[0][1:]), joining(9)[1])  # kept already
+    assert memo.current(key, Print(4, 12, 4, 12, 4, 12)) == "exact"  # changed otherwise: skips its print now
+    assert not memo.written(key, Print.of_new_fact(5), *joining(9))
+    assert memo.joined == 0
