@@ -6,6 +6,7 @@ half of `haystack_osa_memory.store.facts.FactRepository`).
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -26,6 +27,8 @@ from haystack_osa_memory.tools import (
     SUPERSEDABLE_STATUSES,
     SUPERSEDED,
 )
+
+logger = logging.getLogger(__name__)
 
 #: A fact's recall row goes into the vector index (HNSW) of osa_fact_terms once its scope holds this many recall
 #: rows when it is written; the rows written before stay out (`ddl.ADD_TERMS_VECTOR_FLAG`) and the big-scope path
@@ -353,7 +356,10 @@ class FactWriting:
         if len(rows) == 1 and not detached and not items[0][0].get("supersedes"):
             # Nothing else in its transaction changed the rows it wrote: what it returned of them is what
             # committed (a later statement would have changed them under the same version).
-            self._written(params[0], rows[0])
+            try:
+                self._written(params[0], rows[0])
+            except Exception as e:  # the fact is stored: rows kept that miss it only cost the next print a match
+                logger.warning("a stored fact did not join its scope's rows kept in memory: %s", type(e).__name__)
         return written
 
     def _written(self, params: dict[str, Any], row: WrittenRow) -> None:

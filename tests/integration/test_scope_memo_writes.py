@@ -166,3 +166,24 @@ def test_facts_that_change_the_scope_otherwise_do_not_join(hybrid_config: Memory
         assert memo.joined == joined, case
         same_answers(kept, hybrid_config, alice, ("billing service port", "rotate signing keys", *QUERIES))
         assert memo.reads == reads + 1, case  # read again after the change, not answered from the rows before
+
+
+def test_a_join_that_fails_leaves_the_store_done_and_the_answers_right(
+    hybrid_config: MemoryConfig, alice: Caller, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    kept = kept_memory(hybrid_config)
+    for i in range(FACTS // 2):
+        kept.store(fact(i), caller=alice)
+    answer(kept, alice, QUERIES[0])
+    memo = memo_of(kept)
+
+    def broken(*args: Any) -> bool:
+        raise RuntimeError("sk-live-secret-never-logged")
+
+    monkeypatch.setattr(memo, "written", broken)
+    stored = kept.store("The zanzibar crates ship on Tuesdays.", caller=alice)
+    assert stored["stored"] is True
+    assert "did not join its scope's rows kept in memory: RuntimeError" in caplog.text
+    assert "sk-live-secret" not in caplog.text
+    assert stored["document_id"] in [a[0] for a in answer(kept, alice, "zanzibar crates")]
+    same_answers(kept, hybrid_config, alice, ("zanzibar crates", *QUERIES))
