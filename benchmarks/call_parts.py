@@ -176,7 +176,7 @@ def join_part(args: argparse.Namespace) -> dict[str, Any]:
             if joined:
                 repo.__dict__.pop("_written", None)
             else:
-                repo._written = lambda params, row: None  # type: ignore[method-assign]
+                repo._written = lambda params, chunk_meta, row: None  # type: ignore[method-assign]
             with memo._lock:  # each way starts from scopes read again (a store's search reads them once)
                 memo._entries.clear()
                 memo._facts = 0

@@ -357,15 +357,15 @@ class FactWriting:
             # Nothing else in its transaction changed the rows it wrote: what it returned of them is what
             # committed (a later statement would have changed them under the same version).
             try:
-                self._written(params[0], rows[0])
+                self._written(params[0], items[0][1]["meta"], rows[0])
             except Exception as e:  # the fact is stored: rows kept that miss it only cost the next print a match
                 logger.warning("a stored fact did not join its scope's rows kept in memory: %s", type(e).__name__)
         return written
 
-    def _written(self, params: dict[str, Any], row: WrittenRow) -> None:
+    def _written(self, params: dict[str, Any], chunk_meta: dict[str, Any], row: WrittenRow) -> None:
         """After one fact's write committed, the only statement of its transaction that touched its rows:
-        ``params`` as written, ``row`` what `WRITE_FACT` returned. `FactRepository` adds it to the scope's rows
-        kept in memory (`scope_memo`)."""
+        ``params`` as written (``chunk_meta``: its chunk's metadata before it was serialised into them), ``row``
+        what `WRITE_FACT` returned. `FactRepository` adds it to the scope's rows kept in memory (`scope_memo`)."""
 
     @staticmethod
     def _scope_of(written: dict[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,6 @@ recall (`scope_query`), the exact path and the text of the facts returned (`cand
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -444,7 +443,7 @@ class FactRepository(FactWriting, BigScopes):
             )
         return with_text(hits, details)
 
-    def _written(self, params: dict[str, Any], row: WrittenRow) -> None:
+    def _written(self, params: dict[str, Any], chunk_meta: dict[str, Any], row: WrittenRow) -> None:
         """A new fact that recall would rank (admitted, the facts' audience, its recall row's lexemes packed and
         its chunk its own) joins its scope's rows kept in memory (`ScopeMemo.written`), so that the store's
         search for the facts it may replace, and recalls after it, are answered from them while their print
@@ -458,7 +457,7 @@ class FactRepository(FactWriting, BigScopes):
             or params.get("audience") != FACT_AUDIENCE
             or row.terms is None
             or params["chunk_id"] != row.id
-            or json.loads(params["meta"]).get("document_id") != row.id
+            or chunk_meta.get("document_id") != row.id
             or not (expires_at is None or isinstance(expires_at, str))  # as `->>` reads it
         ):
             return

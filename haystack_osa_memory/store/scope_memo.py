@@ -296,8 +296,10 @@ class ScopeMemo:
         (the fact would not be the last row of the exact path's order). True when it joined."""
         with self._lock:  # held while the rows are extended: two stores of one scope share its vectors' buffer
             entry = self._entries.get(key)
-            kept = entry.kept if entry is not None and entry.skips == 0 else None
-            if entry is None or kept is None or kept.scope is None or row[0] in kept.details:
+            if entry is None or entry.skips > 0:
+                return False
+            kept = entry.kept
+            if kept.scope is None or row[0] in kept.details:
                 return False
             if kept.last_seq is not None and row[2] <= kept.last_seq:
                 # Stored before a fact the rows hold (their read and this write overlapped): it belongs before
