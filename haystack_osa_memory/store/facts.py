@@ -287,6 +287,7 @@ class FactRepository(FactWriting, BigScopes):
         self.scope_memo = ScopeMemo(memo_facts, config.embedding_dimension) if memo_facts else None
         memo = MemoStatements.compose(names, VALID_AT, QUERY_TERMS)
         self._memo_print, self._memo_rows = rendered(memo.print), rendered(memo.rows)
+        self._memo_since = rendered(memo.since)
         self._statistics_checked = -math.inf
         self._governing_rows = rendered(GOVERNING_ROWS.format(**names))
         self._cosines_to = rendered(COSINES_TO.format(**names))
@@ -384,7 +385,9 @@ class FactRepository(FactWriting, BigScopes):
                 )
             if route != "exact" and memo is not None:
                 kept = memo.current(key, printed) if printed is not None else route
-                if kept == "exact":  # changed since its rows were read
+                if kept == "since":  # changed since its rows were read: the facts stored since, if that is all
+                    kept = memo.caught_up(cur, self._memo_since, params)
+                if kept == "exact":  # changed otherwise
                     return self._exact_hits(cur, params, query, ranking, boost)
                 if kept == "rows":
                     kept = memo.read(cur, self._memo_rows, params)

@@ -248,6 +248,20 @@ class HeldScope:
         new.append(rows)  # replaces the arrays it extends (never writes into them) and writes vectors past ours
         return new
 
+    def head(self, n: int) -> HeldScope:
+        """A new scope of these rows' first ``n`` (this one itself when that is all of them), this one left as it
+        is. It shares the vectors' buffer: extending it copies them first, since rows past its own are this
+        one's (`_filled`)."""
+        if n == len(self):
+            return self
+        new = HeldScope(self.dimension)
+        new.document_ids, new.expires = self.document_ids[:n], self.expires[:n]
+        new._unit, new._filled = self._unit, self._filled
+        new.has_vec, new.dl, new.scored = self.has_vec[:n], self.dl[:n], self.scored[:n]
+        new.terms = self.terms.take(np.arange(len(self)) < n).index()
+        new.check, new.read_at = self.check, self.read_at
+        return new
+
     def drop(self, document_ids: set[str]) -> None:
         """Forget these facts (they left the scope)."""
         keep = np.fromiter((d not in document_ids for d in self.document_ids), bool, len(self))

@@ -116,6 +116,33 @@ FROM ({print_m}) pm, ({print_r}) pr, ({print_c}) pc
     LEFT JOIN (m LEFT JOIN r ON r.document_id = m.document_id LEFT JOIN c ON c.document_id = m.document_id) ON true
 ORDER BY m.seq, m.created_at, m.document_id"""
 )
+# The print, and the facts stored past ``since`` (their `seq`) with `MEMO_ROWS`' columns and the hashes each adds
+# to the print, from one snapshot: what other processes stored since the rows kept were read. Only those facts'
+# recall rows and chunks are read, by primary key (fenced, as `_CHUNKS`), with the scope's condition that the
+# print's recall rows have.
+MEMO_SINCE = sql.SQL(
+    """WITH {scope}, {recall_rows}, {chunks}
+SELECT pm.*, pr.*, pc.*, d.*
+FROM ({print_m}) pm, ({print_r}) pr, ({print_c}) pc
+    LEFT JOIN LATERAL (
+        SELECT m.document_id, m.expires_at, m.seq, vector_send(t.embedding), t.dl::float8, t.terms, m.scored,
+               (t.document_id IS NOT NULL AND t.recall_hash = m.content_hash AND t.language = %(language)s::text
+                AND t.terms IS NOT NULL AND k.meta->>'document_id' IS NOT DISTINCT FROM m.document_id) AS usable,
+               k.content, m.metadata, m.created_at, m.updated_at,
+               hashtextextended(m.document_id || '/' || m.version, 0),
+               hashtextextended(t.document_id || '/' || t.version, 0),
+               hashtextextended(k.document_id || '/' || k.version, 0)
+        FROM m
+            LEFT JOIN LATERAL (SELECT t.document_id, t.xmin::text AS version{recall_columns}
+                               FROM {schema}.osa_fact_terms t
+                               WHERE t.document_id = m.document_id AND t.org_id = %(org_id)s
+                                 AND t.assignment_id = %(assignment_id)s OFFSET 0) t ON true
+            LEFT JOIN LATERAL (SELECT k.id AS document_id, k.xmin::text AS version, k.content, k.meta
+                               FROM {schema}.{chunk} k WHERE k.id = m.document_id OFFSET 0) k ON true
+        WHERE m.seq > %(since)s::bigint
+    ) d ON true
+ORDER BY d.seq, d.created_at, d.document_id"""
+)
 _RECALL_COLUMNS = sql.SQL(", t.content_hash AS recall_hash, t.language, t.embedding, t.dl, t.terms")
 _CHUNK_COLUMNS = sql.SQL(", c.content, c.meta")
 #: Columns of `MEMO_ROWS` before a fact's own: the print's.
@@ -124,10 +151,11 @@ PRINT_COLUMNS = 6
 
 @dataclass(frozen=True)
 class Statements:
-    """The memo's two statements for one configuration (composed once by the repository)."""
+    """The memo's statements for one configuration (composed once by the repository)."""
 
     print: sql.Composed
     rows: sql.Composed
+    since: sql.Composed
 
     @classmethod
     def compose(
@@ -147,6 +175,14 @@ class Statements:
                 recall_rows=_RECALL_ROWS.format(columns=_RECALL_COLUMNS, **names),
                 chunks=_CHUNKS.format(columns=_CHUNK_COLUMNS, **names),
                 **prints,
+            ),
+            since=MEMO_SINCE.format(
+                scope=_SCOPE.format(governing_rows=scope_governing_rows(names, valid_at, _VERSION_AND_DETAILS)),
+                recall_rows=_RECALL_ROWS.format(columns=sql.SQL(""), **names),
+                chunks=_CHUNKS.format(columns=sql.SQL(""), **names),
+                recall_columns=_RECALL_COLUMNS,
+                **prints,
+                **names,
             ),
         )
 
@@ -179,6 +215,17 @@ class Print:
 
 
 @dataclass(frozen=True)
+class Read:
+    """What a read of a scope's rows found (`ScopeMemo.read`, or `ScopeMemo.caught_up`): their print, the greatest
+    storing order (``seq``; None when there were none) and how many rows were kept. Facts joined since
+    (`ScopeMemo.written`) follow them."""
+
+    print: Print
+    seq: int | None
+    rows: int
+
+
+@dataclass(frozen=True)
 class Kept:
     """A scope's rows as read at ``print``, and what a recall returns of each fact (``details``, by id);
     ``scope`` None when one lacks a usable recall row or chunk (``unusable``: the exact path reads the chunk
@@ -190,6 +237,8 @@ class Kept:
     unusable: bool = False
     #: The greatest storing order (``seq``) among the rows; None when there are none.
     last_seq: int | None = None
+    #: The rows as read, before facts joined; None when ``scope`` is.
+    read: Read | None = None
 
     def __len__(self) -> int:
         return len(self.scope) if self.scope is not None else 0
@@ -208,6 +257,9 @@ UNUSABLE_RECHECK_S = 30.0
 
 #: How a recall reads its scope (`ScopeMemo.route`).
 Route = Literal["print", "rows", "exact"]
+
+#: `MEMO_SINCE`'s ``since`` for rows read without a storing order: every fact is past it.
+_BEFORE_ALL = -(2**63)
 
 
 @dataclass
@@ -231,12 +283,13 @@ class ScopeMemo:
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._facts = 0
         self._lock = threading.Lock()
-        #: Scopes read, recalls answered from the rows kept, prints that found the scope changed, and facts
-        #: written that joined the rows kept (`written`).
+        #: Scopes read, recalls answered from the rows kept, prints that found the scope changed, facts
+        #: written that joined the rows kept (`written`), and changes caught up with (`caught_up`).
         self.reads = 0
         self.hits = 0
         self.changed = 0
         self.joined = 0
+        self.caught = 0
 
     def route(self, key: tuple[str, str]) -> Route:
         """How a recall of ``key`` reads its scope: ``print`` (rows are kept: read the print with the query's
@@ -261,10 +314,10 @@ class ScopeMemo:
             entry = self._entries.get(key)
             return entry is not None and entry.kept.unusable
 
-    def current(self, key: tuple[str, str], now: Print) -> Kept | Literal["rows", "exact"]:
+    def current(self, key: tuple[str, str], now: Print) -> Kept | Literal["since", "rows", "exact"]:
         """The rows kept for ``key`` if they were read at the print ``now``. Otherwise ``rows`` when the scope
         has not changed since the previous print found it changed (read the rows again: they are likely to be
-        used), else ``exact`` (take the exact path; the next recalls of ``key`` skip the print, `MAX_SKIPS`)."""
+        used), else ``since`` (read the facts stored since the rows were read: `caught_up`)."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
@@ -277,10 +330,48 @@ class ScopeMemo:
             self.changed += 1
             if entry.seen == now:
                 return "rows"
-            entry.seen = now
-            entry.streak = min(entry.streak + 1, MAX_SKIPS.bit_length())
-            entry.skips = min(2 ** (entry.streak - 1), MAX_SKIPS)
-            return "exact"
+            return "since" if entry.kept.read is not None else self._skip(entry, now)
+
+    def caught_up(
+        self, cur: psycopg.Cursor[Any], statement: sql.Composed | bytes, params: dict[str, Any]
+    ) -> Kept | Literal["rows", "exact"]:
+        """The rows kept for the scope of ``params`` (as `read` takes them) with the facts stored since they were
+        read (`MEMO_SINCE` on ``cur``, a binary cursor), when its print says nothing else changed: the rows read,
+        and those facts after them (facts this process wrote that joined them are read again with the others).
+        Otherwise ``exact``, and the next recalls skip the print as after any change (`MAX_SKIPS`); ``rows``
+        when nothing is kept any more.
+
+        So a scope two processes write (an agent's stores served by two workers) keeps its rows: each process's
+        print misses the other's facts, and reads only them."""
+        key = (str(params["org_id"]), str(params["assignment_id"]))
+        with self._lock:
+            entry = self._entries.get(key)
+            base = entry.kept if entry is not None else None
+        if base is None or base.read is None or base.scope is None:
+            return "rows"
+        since = base.read.seq if base.read.seq is not None else _BEFORE_ALL
+        rows = cur.execute(statement, {**params, "since": since}).fetchall()
+        new = _caught_up(base, base.read, base.scope, rows)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return "rows" if new is None else new
+            if new is None:
+                return self._skip(entry, Print.of(*rows[0][:PRINT_COLUMNS]))
+            self.caught += 1
+            if entry.kept is base:  # else changed meanwhile (a fact joined): this recall ranks its own
+                entry.kept, entry.streak, entry.seen = new, 0, None
+                self._facts += len(new) - len(base)
+                self._evict()
+        return new
+
+    def _skip(self, entry: _Entry, now: Print) -> Literal["exact"]:
+        """``entry``'s scope changed, found at the print ``now``: take the exact path; the next recalls skip the
+        print, 1, 2, 4, ... up to `MAX_SKIPS` after changes in a row (under the lock)."""
+        entry.seen = now
+        entry.streak = min(entry.streak + 1, MAX_SKIPS.bit_length())
+        entry.skips = min(2 ** (entry.streak - 1), MAX_SKIPS)
+        return "exact"
 
     def written(self, key: tuple[str, str], gained: Print, row: tuple[Any, ...], detail: Detail) -> bool:
         """A new fact of ``key`` was written, and nothing else in its transaction touched its rows: the rows
@@ -307,7 +398,11 @@ class ScopeMemo:
                 return False
             # A new `Kept`: recalls may be ranking the one kept meanwhile, without the lock.
             entry.kept = Kept(
-                kept.print + gained, kept.scope.extended([row]), {**kept.details, row[0]: detail}, last_seq=row[2]
+                kept.print + gained,
+                kept.scope.extended([row]),
+                {**kept.details, row[0]: detail},
+                last_seq=row[2],
+                read=kept.read,
             )
             self._facts += 1
             self.joined += 1
@@ -331,7 +426,8 @@ class ScopeMemo:
         scope = HeldScope(self.dimension)
         scope.append([r[at : at + 7] for r in facts])
         last_seq = max((r[at + 2] for r in facts if r[at + 2] is not None), default=None)
-        return Kept(printed, scope, {r[at]: r[at + 8 : at + 12] for r in facts}, last_seq=last_seq)
+        details = {r[at]: r[at + 8 : at + 12] for r in facts}
+        return Kept(printed, scope, details, last_seq=last_seq, read=Read(printed, last_seq, len(scope)))
 
     def _keep(self, key: tuple[str, str], kept: Kept) -> None:
         with self._lock:
@@ -352,3 +448,33 @@ class ScopeMemo:
         while self._facts > self.max_facts:  # under the lock
             _, gone = self._entries.popitem(last=False)
             self._facts -= len(gone.kept)
+
+
+def _caught_up(base: Kept, read: Read, scope: HeldScope, rows: Sequence[tuple[Any, ...]]) -> Kept | None:
+    """``base``'s rows as read (``read``, the first of ``scope``'s) and the facts of ``rows`` (`MEMO_SINCE`'s, past
+    ``read.seq``) after them, at the print ``rows`` give; None unless that print is the rows read's plus those
+    facts' (nothing else changed: no fact read before left or changed, none came in before them in storing
+    order) and every fact has a usable recall row and chunk."""
+    at = PRINT_COLUMNS
+    now = Print.of(*rows[0][:at])
+    facts = [r for r in rows if r[at] is not None]
+    if not all(r[at + 7] for r in facts):  # usable: its recall row and chunk are there, so are their hashes
+        return None
+    n = len(facts)
+    gained = Print(
+        n,
+        sum(int(r[at + 12]) for r in facts),
+        n,
+        sum(int(r[at + 13]) for r in facts),
+        n,
+        sum(int(r[at + 14]) for r in facts),
+    )
+    if read.print + gained != now:
+        return None
+    joined = set(scope.document_ids[read.rows :])
+    held = scope.head(read.rows).extended([r[at : at + 7] for r in facts])
+    details = {k: v for k, v in base.details.items() if k not in joined}
+    details.update((r[at], r[at + 8 : at + 12]) for r in facts)
+    seqs = [s for s in (read.seq, *(r[at + 2] for r in facts)) if s is not None]
+    last_seq = max(seqs, default=None)
+    return Kept(now, held, details, last_seq=last_seq, read=Read(now, last_seq, len(held)))

@@ -284,11 +284,13 @@ def test_a_scope_written_between_its_recalls_stops_reading_its_print(
     monkeypatch.setattr(memo, "route", recorded)
     for i in range(12):
         answer(kept, alice, QUERIES[i % len(QUERIES)])
-        other.store(f"Note {i}: the walrus deploy number is {1000 + i}.", caller=alice)
+        # A fact superseded, not only one stored: the facts stored since the rows were read do not make the print.
+        other.store(f"Note {i}: the walrus deploy number is {1000 + i}.", supersedes=[stored[i]], caller=alice)
     # First read, then a print that finds the scope changed; then 1, 2, 4 recalls skip it, each after a print,
     # and none reads the rows again (two prints in a row never agree).
     assert routes == ["rows", "print", "exact", "print", "exact", "exact", "print", *["exact"] * 4, "print"]
     assert memo.reads == 1
+    assert memo.caught == 0
     same_answers(kept, hybrid_config, alice, QUERIES)
     # Unchanged again: two prints in a row agree, the rows are read again and answer.
     key = (alice.org_id, alice.assignment_id)
@@ -301,6 +303,37 @@ def test_a_scope_written_between_its_recalls_stops_reading_its_print(
     same_answers(kept, hybrid_config, alice, QUERIES[:1])
     assert memo.hits == hits + 1
     assert routes[-1] == "print"
+
+
+def test_facts_stored_elsewhere_between_recalls_are_caught_up_with(
+    hybrid_config: MemoryConfig, alice: Caller, stored: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kept, other = kept_memory(hybrid_config), exact_memory(hybrid_config)
+    memo = memo_of(kept)
+    reads: list[bytes] = []
+    recording = [False]
+    execute = psycopg.Cursor.execute
+    repo = kept.kb.facts if kept.kb is not None else None
+    assert repo is not None
+
+    def recorded(cur: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
+        scope_reads = (repo._scope_recall_rows, repo._scope_rows, repo._scope_facts, repo._memo_rows)
+        if recording[0] and query in scope_reads:
+            reads.append(query)
+        return execute(cur, query, *args, **kwargs)
+
+    answer(kept, alice, QUERIES[0])
+    monkeypatch.setattr(psycopg.Cursor, "execute", recorded)
+    for i in range(6):
+        other.store(f"Note {i}: the walrus deploy number is {1000 + i}.", caller=alice)
+        expected = answer(other, alice, f"walrus deploy note {i}")
+        recording[0] = True
+        assert answer(kept, alice, f"walrus deploy note {i}") == expected
+        recording[0] = False
+    assert reads == []  # neither the scope nor the facts' text read again: only the facts stored since
+    assert (memo.reads, memo.caught, memo.changed) == (1, 6, 6)
+    assert memo.route((alice.org_id, alice.assignment_id)) == "print"
+    same_answers(kept, hybrid_config, alice, ("walrus deploy number", *QUERIES))
 
 
 def test_a_scope_bigger_than_the_memo_takes_the_exact_path(

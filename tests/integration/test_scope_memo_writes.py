@@ -2,7 +2,7 @@
 those a read of the scope would give (ids, vectors, lengths, lexemes, text, metadata and timestamps, and the print),
 the store's search for the facts it may replace is answered from them without reading the scope, and any other
 change to the scope (another process's write, a fact held for review, a supersession, the same text stored again)
-is seen by the next print: the answers stay the exact path's."""
+is seen by the next print: the answers stay the exact path's, and facts stored elsewhere are caught up with."""
 
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def test_a_stores_search_reads_no_scope_rows_and_suggests_what_the_exact_path_do
     assert memo_of(kept).joined == joined + 2
 
 
-def test_a_write_elsewhere_before_the_join_is_seen_by_the_next_print(
+def test_a_write_elsewhere_before_the_join_is_seen_by_the_next_print_and_caught_up_with(
     hybrid_config: MemoryConfig, alice: Caller
 ) -> None:
     kept, other = kept_memory(hybrid_config), exact_memory(hybrid_config)
@@ -140,6 +140,9 @@ def test_a_write_elsewhere_before_the_join_is_seen_by_the_next_print(
     kept.store("The zanzibar crates ship on Tuesdays.", caller=alice)  # joins rows that miss the walrus
     assert memo.joined == 1
     assert memo.changed == 1  # the store's own search: its print is not the one the rows joined make
+    # ... so it read the facts stored since the rows were read, the walrus and its own, and keeps them in order.
+    assert (memo.caught, memo.reads) == (1, 1)
+    assert_same_kept(kept_now(kept, alice), read_fresh(kept, alice))
     assert elsewhere in [a[0] for a in answer(kept, alice, "walrus deploy number")]
     same_answers(kept, hybrid_config, alice, ("walrus deploy", "zanzibar crates", *QUERIES))
 
@@ -187,3 +190,34 @@ def test_a_join_that_fails_leaves_the_store_done_and_the_answers_right(
     assert "sk-live-secret" not in caplog.text
     assert stored["document_id"] in [a[0] for a in answer(kept, alice, "zanzibar crates")]
     same_answers(kept, hybrid_config, alice, ("zanzibar crates", *QUERIES))
+
+
+@pytest.mark.parametrize("embedder", ["hybrid", "none"])
+def test_facts_stored_elsewhere_are_caught_up_with_as_a_read_would_keep_them(
+    hybrid_config: MemoryConfig, config: MemoryConfig, alice: Caller, embedder: str
+) -> None:
+    if embedder == "hybrid":
+        other, kept = exact_memory(hybrid_config), kept_memory(hybrid_config)
+    else:
+        other = Memory(config.model_copy(update={"scope_cache_facts": 0}), use_default_embedders=False)
+        kept = Memory(config, use_default_embedders=False)
+        kept.warm_up()
+    for i in range(FACTS // 2):
+        other.store(fact(i), caller=alice)
+    answer(kept, alice, QUERIES[0])  # the rows read and kept
+    memo = memo_of(kept)
+    for i, text in enumerate(NEW_FACTS):
+        other.store(text, caller=alice)
+        if i == 1:
+            kept.store("The walrus deploy number is 1042.", caller=alice)  # joins, then catches up with both
+        answer(kept, alice, "billing port")
+        assert_same_kept(kept_now(kept, alice), read_fresh(kept, alice))
+    assert memo.reads == 1
+    assert memo.caught == len(NEW_FACTS)
+    exact = (
+        exact_memory(hybrid_config)
+        if embedder == "hybrid"
+        else Memory(config.model_copy(update={"scope_cache_facts": 0}), use_default_embedders=False)
+    )
+    for query in ("zanzibar crates", "walrus deploy", "billing port", *QUERIES):
+        assert answer(kept, alice, query) == answer(exact, alice, query), query

@@ -6,6 +6,7 @@ joins the rows kept at the print it makes with them, in a copy, unless it would 
 from __future__ import annotations
 
 import struct
+from dataclasses import astuple
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -53,6 +54,30 @@ def read(memo: ScopeMemo, key: tuple[str, str], rows: list[tuple[Any, ...]]) -> 
     return memo.read(Rows(rows), b"", {"org_id": key[0], "assignment_id": key[1]})  # type: ignore[arg-type]
 
 
+def since_rows(now: Print, facts: list[tuple[tuple[Any, ...], Any, int]]) -> list[tuple[Any, ...]]:
+    """`MEMO_SINCE`'s rows: the print ``now`` (one row alone when no fact is past the rows read), then each fact's
+    `MEMO_ROWS` columns (``facts``: the row and detail `joining` gives, and the hash it adds to the print)."""
+    head = tuple(Decimal(v) for v in astuple(now))
+    if not facts:
+        return [(*head, *[None] * 15)]
+    return [(*head, *row, True, *detail, h, h, h) for row, detail, h in facts]
+
+
+def miss(memo: ScopeMemo, key: tuple[str, str], now: Print, *facts: tuple[tuple[Any, ...], Any, int]) -> Any:
+    """A recall's print ``now`` against the rows kept, as `FactRepository` takes it: when they changed, the facts
+    stored since (``facts``) are read."""
+    route = memo.current(key, now)
+    if route != "since":
+        return route
+    cursor = Rows(since_rows(now, list(facts)))
+    return memo.caught_up(cursor, b"", {"org_id": key[0], "assignment_id": key[1]})  # type: ignore[arg-type]
+
+
+def stored(seq: int, h: int) -> tuple[tuple[Any, ...], Any, int]:
+    """A fact another process stored (`joining`'s row and detail) and the hash it adds to the print."""
+    return (*joining(seq), h)
+
+
 def test_kept_rows_answer_while_the_print_is_the_same() -> None:
     memo = ScopeMemo(max_facts=100, dimension=DIM)
     key = ("acme", "a1")
@@ -81,7 +106,9 @@ def test_a_changing_scope_takes_the_exact_path_skipping_the_print_doubling_up_to
     skipped = []
     for n in range(7):
         assert memo.route(key) == "print"
-        assert memo.current(key, printed(3, 100 + n)) == "exact"  # changed since the last print
+        assert memo.current(key, printed(3, 100 + n)) == "since"  # changed since the last print: what changed?
+        # Not a fact stored since the rows were read (the print does not add up): the exact path.
+        assert miss(memo, key, printed(3, 100 + n)) == "exact"
         skipped.append(skips(memo, key))
     assert skipped == [1, 2, 4, 8, 16, 16, 16]
     assert MAX_SKIPS == 16
@@ -91,9 +118,9 @@ def test_a_changing_scope_takes_the_exact_path_skipping_the_print_doubling_up_to
     read(memo, key, rows_of(3, 106))
     assert memo.route(key) == "print"
     assert memo.current(key, printed(3, 106)) is not None
-    assert memo.current(key, printed(4, 106)) == "exact"
+    assert miss(memo, key, printed(4, 106)) == "exact"
     assert skips(memo, key) == 1  # one skip again
-    assert (memo.reads, memo.hits, memo.changed) == (2, 1, 9)
+    assert (memo.reads, memo.hits, memo.changed, memo.caught) == (2, 1, 16, 0)
 
 
 @pytest.mark.parametrize("usable", [False, True])
@@ -177,6 +204,75 @@ def test_a_written_fact_does_not_join_rows_that_it_would_not_end() -> None:
     read(memo, key, rows_of(3, 7))  # seqs 1 to 3
     assert not memo.written(key, Print.of_new_fact(5), *joining(2))  # stored before the last row kept
     assert not memo.written(key, Print.of_new_fact(5), ("d1", *joining(9)[0][1:]), joining(9)[1])  # kept already
-    assert memo.current(key, Print(4, 12, 4, 12, 4, 12)) == "exact"  # changed otherwise: skips its print now
+    assert miss(memo, key, Print(4, 12, 4, 12, 4, 12)) == "exact"  # changed otherwise: skips its print now
     assert not memo.written(key, Print.of_new_fact(5), *joining(9))
     assert memo.joined == 0
+
+
+def test_facts_stored_elsewhere_are_caught_up_with_and_nothing_else_read() -> None:
+    memo = ScopeMemo(max_facts=100, dimension=DIM)
+    key = ("acme", "a1")
+    before = read(memo, key, rows_of(3, 7))  # seqs 1 to 3
+    now = printed(3, 7) + Print.of_new_fact(11) + Print.of_new_fact(13)
+    caught = miss(memo, key, now, stored(5, 11), stored(6, 13))
+    assert not isinstance(caught, str)
+    assert caught.scope is not None
+    assert caught.scope.document_ids == ["d0", "d1", "d2", "new5", "new6"]
+    assert caught.scope.unit[3:].tolist() == [[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]]  # 5 % 4, 6 % 4
+    assert caught.details["new6"] == joining(6)[1]
+    assert caught.print == now
+    assert caught.last_seq == 6
+    assert caught.read is not None
+    assert (caught.read.print, caught.read.seq, caught.read.rows) == (now, 6, 5)
+    assert memo.current(key, now) is caught  # kept: the next recalls read the print alone
+    assert memo.route(key) == "print"  # no skipping: the change was caught up with
+    assert (memo.reads, memo.caught, memo.changed, memo.hits) == (1, 1, 1, 1)
+    assert memo._facts == 5
+    assert before.scope.document_ids == ["d0", "d1", "d2"]  # a recall may be ranking them
+
+
+def test_facts_joined_are_read_again_with_those_stored_elsewhere_in_storing_order() -> None:
+    memo = ScopeMemo(max_facts=100, dimension=DIM)
+    key = ("acme", "a1")
+    read(memo, key, rows_of(3, 7))
+    assert memo.written(key, Print.of_new_fact(5), *joining(9))  # this process's fact joins (seq 9)
+    joined = memo.current(key, printed(3, 7) + Print.of_new_fact(5))
+    assert not isinstance(joined, str)
+    # Another process stored seq 8 meanwhile: its print counts both; the rows read are caught up with both.
+    now = printed(3, 7) + Print.of_new_fact(4) + Print.of_new_fact(5)
+    caught = miss(memo, key, now, stored(8, 4), stored(9, 5))
+    assert not isinstance(caught, str)
+    assert caught.scope is not None
+    assert caught.scope.document_ids == ["d0", "d1", "d2", "new8", "new9"]
+    assert caught.scope.unit[3:].tolist() == [[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]  # 8 % 4, 9 % 4
+    # The rows joined before are as they were (their vectors were copied, not written over).
+    assert joined.scope is not None
+    assert joined.scope.document_ids == ["d0", "d1", "d2", "new9"]
+    assert joined.scope.unit[3].tolist() == [0.0, 1.0, 0.0, 0.0]
+    assert len(caught.scope.terms) == 5
+    assert memo._facts == 5
+
+
+def test_a_fact_joined_that_left_is_not_kept_and_a_change_that_does_not_add_up_is_the_exact_paths() -> None:
+    memo = ScopeMemo(max_facts=100, dimension=DIM)
+    key = ("acme", "a1")
+    read(memo, key, rows_of(3, 7))
+    assert memo.written(key, Print.of_new_fact(5), *joining(9))
+    # The joined fact left the scope (retired elsewhere) and another came: only the other is past the rows read.
+    caught = miss(memo, key, printed(3, 7) + Print.of_new_fact(4), stored(10, 4))
+    assert not isinstance(caught, str)
+    assert caught.scope is not None
+    assert caught.scope.document_ids == ["d0", "d1", "d2", "new10"]
+    assert "new9" not in caught.details
+    # A fact read before changed too (the print misses by more than the facts past the rows): the exact path.
+    assert miss(memo, key, printed(4, 7) + Print.of_new_fact(3), stored(11, 3)) == "exact"
+    assert memo.current(key, printed(4, 7) + Print.of_new_fact(3)) == "rows"  # the same change again: read
+    # A fact past the rows without a usable recall row: the exact path too.
+    memo = ScopeMemo(max_facts=100, dimension=DIM)
+    read(memo, key, rows_of(3, 7))
+    now = printed(3, 7) + Print.of_new_fact(4)
+    assert memo.current(key, now) == "since"
+    rows = since_rows(now, [stored(10, 4)])
+    rows[0] = (*rows[0][:13], False, *rows[0][14:])  # usable
+    assert memo.caught_up(Rows(rows), b"", {"org_id": "acme", "assignment_id": "a1"}) == "exact"  # type: ignore[arg-type]
+    assert memo.caught == 0
