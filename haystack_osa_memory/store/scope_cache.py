@@ -213,7 +213,9 @@ class HeldScope:
         rows = context_kept(rows, seq_at=2, scored_at=6)
         n, m = len(self), len(rows)
         if n + m > self._unit.shape[0] or self._filled[0] != n:  # no room, or rows past ours are another's
-            grown = np.zeros((max(2 * self._unit.shape[0], n + m, 64), self.dimension), dtype=np.float32)
+            # Room for as many again as the rows, not twice the buffer: a copy made because rows past ours are
+            # another scope's (`extended`) may come with every extension, and must not double it each time.
+            grown = np.zeros((max(2 * (n + m), 64), self.dimension), dtype=np.float32)
             grown[:n] = self._unit[:n]
             self._unit, self._filled = grown, [n]
         self._filled[0] = n + m

@@ -276,3 +276,21 @@ def test_a_fact_joined_that_left_is_not_kept_and_a_change_that_does_not_add_up_i
     rows[0] = (*rows[0][:13], False, *rows[0][14:])  # usable
     assert memo.caught_up(Rows(rows), b"", {"org_id": "acme", "assignment_id": "a1"}) == "exact"  # type: ignore[arg-type]
     assert memo.caught == 0
+
+
+def test_catching_up_again_and_again_keeps_the_vectors_buffer_within_twice_the_rows() -> None:
+    memo = ScopeMemo(max_facts=10_000, dimension=DIM)
+    key = ("acme", "a1")
+    read(memo, key, rows_of(3, 7))
+    now = printed(3, 7)
+    for seq in range(10, 400, 2):
+        # This process's fact joins (its buffer shared), then another's comes before it is read: each catch-up
+        # copies the vectors (rows past the rows read are the joined ones').
+        assert memo.written(key, Print.of_new_fact(seq + 1), *joining(seq + 1))
+        now = now + Print.of_new_fact(seq) + Print.of_new_fact(seq + 1)
+        caught = miss(memo, key, now, stored(seq, seq), stored(seq + 1, seq + 1))
+        assert not isinstance(caught, str)
+        assert caught.scope is not None
+        assert caught.scope._unit.shape[0] <= max(2 * len(caught.scope), 64)
+    assert len(caught.scope) == 3 + 2 * 195
+    assert memo.caught == 195
