@@ -17,6 +17,11 @@ Parts of a call that the served figures (`load.py --driver wrk`) cannot tell apa
   way: the store's search is answered from them) against stores whose fact does not (the way before it: the
   search finds the scope changed and reads it). Blocks alternating as for ``search``; the rows kept are dropped
   before each block, so that each way starts from a scope read once.
+- ``--part since``: stores whose scope's rows kept are found changed by a fact the memo did not see (here the
+  store's own, kept from joining them: as a fact another worker stored), caught up with the facts stored since
+  (`ScopeMemo.caught_up`, the package's way) against the way before it (the exact path, then skipping the print
+  for the next 1, 2, 4, ... stores of the scope). Blocks alternating as for ``join``, each starting from scopes
+  read once.
 - ``--part plans``: PostgreSQL's planning and execution time of each read statement a recall and a store run,
   medians over ``--calls`` recalls and stores. Right before a statement runs, the same text runs once more
   under ``EXPLAIN (ANALYZE, SUMMARY)`` on the same connection with the same parameters (psycopg's
@@ -26,6 +31,7 @@ Parts of a call that the served figures (`load.py --driver wrk`) cannot tell apa
     python benchmarks/call_parts.py --part search [--embedder minilm] [--block 40 --rounds 10] [--json out.json]
     python benchmarks/call_parts.py --part exact [--phase recall|read] [--embedder minilm] [--block 200 --rounds 8]
     python benchmarks/call_parts.py --part join [--embedder minilm] [--block 200 --rounds 8]
+    python benchmarks/call_parts.py --part since [--embedder minilm] [--block 200 --rounds 8]
     python benchmarks/call_parts.py --part plans [--calls 200]
 
 One torch thread, as each `serve` worker of a 2-CPU machine has (``OMP_NUM_THREADS``, when not set).
@@ -190,6 +196,52 @@ def join_part(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+#: A store's two ways (`since_part`) when its scope changed unseen: the exact path, or caught up with.
+SINCE_WAYS = ("exact", "caught_up")
+
+
+def since_part(args: argparse.Namespace) -> dict[str, Any]:
+    """Stores whose fact does not join the rows kept, their search finding the scope changed: caught up with
+    (way True) or not (way False), blocks alternating; ``caught``: the catch-ups during each way's blocks."""
+    caught = {False: 0, True: 0}
+    since: list[tuple[bool, int]] = []  # the way of the block running, and the memo's catch-ups at its start
+
+    def switch(memory: Memory) -> Any:
+        assert memory.kb is not None
+        repo = memory.kb.facts
+        memo = repo.scope_memo
+        assert memo is not None
+        repo._written = lambda params, chunk_meta, row: None  # type: ignore[method-assign]
+        current = type(memo).current
+
+        def not_caught_up(key: tuple[str, str], now: Any) -> Any:  # the way before: any change, the exact path
+            route = current(memo, key, now)
+            if route != "since":
+                return route
+            with memo._lock:
+                return memo._skip(memo._entries[key], now)
+
+        def to(caught_up: bool) -> None:
+            if since:
+                way, at = since.pop()
+                caught[way] += memo.caught - at
+            if caught_up:
+                memo.__dict__.pop("current", None)
+            else:
+                memo.current = not_caught_up  # type: ignore[method-assign]
+            with memo._lock:
+                memo._entries.clear()
+                memo._facts = 0
+            since.append((caught_up, memo.caught))
+
+        return to
+
+    result = two_ways(args, "since", SINCE_WAYS, switch)
+    result["part"] = "since"
+    result["caught"] = {SINCE_WAYS[0]: caught[False], SINCE_WAYS[1]: caught[True]}
+    return result
+
+
 def exact_reads(args: argparse.Namespace, to: Any) -> dict[str, Any]:
     """The exact path's read alone (`FactRepository.scope_hits`, nothing written, so the scopes keep their size),
     with a new fact's text as the query, as a store's search for the facts it may replace reads its scope."""
@@ -301,7 +353,7 @@ def plans_part(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=["search", "exact", "join", "plans"], default="search")
+    parser.add_argument("--part", choices=["search", "exact", "join", "since", "plans"], default="search")
     add_block_arguments(parser, assignments=16, block=40, rounds=10, warmup=20)
     parser.add_argument("--calls", type=int, default=200, help="recalls and stores explained (--part plans)")
     parser.add_argument(
@@ -317,6 +369,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.part == "join":
         result = join_part(args)
         print_two_ways(args, result, JOIN_WAYS)
+    elif args.part == "since":
+        result = since_part(args)
+        print_two_ways(args, result, SINCE_WAYS)
+        print(f"  catch-ups: {result['caught']}")
     elif args.part == "search":
         result = search_part(args)
         print(f"{args.embedder} store, {args.rounds} pairs of {args.block}-store blocks, CPU ms per store:")

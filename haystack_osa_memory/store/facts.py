@@ -385,8 +385,8 @@ class FactRepository(FactWriting, BigScopes):
                 )
             if route != "exact" and memo is not None:
                 kept = memo.current(key, printed) if printed is not None else route
-                if kept == "since":  # changed since its rows were read: the facts stored since, if that is all
-                    kept = memo.caught_up(cur, self._memo_since, params)
+                if kept == "since" and printed is not None:  # changed: the facts stored since, if that is all
+                    kept = memo.caught_up(cur, self._memo_since, params, printed)
                 if kept == "exact":  # changed otherwise
                     return self._exact_hits(cur, params, query, ranking, boost)
                 if kept == "rows":

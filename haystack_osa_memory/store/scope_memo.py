@@ -12,8 +12,11 @@ path would read, for the scope's recall rows and for those facts' chunks, how ma
 rows were read with (`MEMO_ROWS`, print, rows and text from one snapshot), they are ranked from memory
 (`scope_cache.HeldScope.rank`, the ranking the exact path runs) and the facts returned carry their text
 (`candidates.ScopeHit.detail`): the print this recall matched is the scope's check, and nothing more is read.
-When it is not, the recall takes the exact path, and the rows are read again once two prints in a row agree
-(`MAX_SKIPS`).
+When it is not, the recall reads the facts stored since the rows were read (`MEMO_SINCE`: the print again and
+the facts past the rows' last `seq`, from one snapshot). If that print is the rows' plus those facts' (nothing
+else changed: the usual change when two processes serve one agent's stores), the rows kept are caught up with
+them (`ScopeMemo.caught_up`) and rank the recall. Otherwise it takes the exact path, and the rows are read again
+once two prints in a row agree (`MAX_SKIPS`).
 
 A fact this process writes joins the rows kept (`ScopeMemo.written`): the statement that writes it returns its
 version's hash and its recall row (`fact_writing.WrittenRow`), and the rows kept take it at the print they
@@ -116,32 +119,26 @@ FROM ({print_m}) pm, ({print_r}) pr, ({print_c}) pc
     LEFT JOIN (m LEFT JOIN r ON r.document_id = m.document_id LEFT JOIN c ON c.document_id = m.document_id) ON true
 ORDER BY m.seq, m.created_at, m.document_id"""
 )
-# The print, and the facts stored past ``since`` (their `seq`) with `MEMO_ROWS`' columns and the hashes each adds
-# to the print, from one snapshot: what other processes stored since the rows kept were read. Only those facts'
-# recall rows and chunks are read, by primary key (fenced, as `_CHUNKS`), with the scope's condition that the
-# print's recall rows have.
+# The facts of the scope stored past ``since`` (their `seq`), with `MEMO_ROWS`' columns and the hashes each adds
+# to the print: what other processes stored since the rows kept were read. Their recall rows (with the scope's
+# condition the print's have) and chunks are read by primary key, one fact at a time (fenced, as `_CHUNKS`).
 MEMO_SINCE = sql.SQL(
-    """WITH {scope}, {recall_rows}, {chunks}
-SELECT pm.*, pr.*, pc.*, d.*
-FROM ({print_m}) pm, ({print_r}) pr, ({print_c}) pc
-    LEFT JOIN LATERAL (
-        SELECT m.document_id, m.expires_at, m.seq, vector_send(t.embedding), t.dl::float8, t.terms, m.scored,
-               (t.document_id IS NOT NULL AND t.recall_hash = m.content_hash AND t.language = %(language)s::text
-                AND t.terms IS NOT NULL AND k.meta->>'document_id' IS NOT DISTINCT FROM m.document_id) AS usable,
-               k.content, m.metadata, m.created_at, m.updated_at,
-               hashtextextended(m.document_id || '/' || m.version, 0),
-               hashtextextended(t.document_id || '/' || t.version, 0),
-               hashtextextended(k.document_id || '/' || k.version, 0)
-        FROM m
-            LEFT JOIN LATERAL (SELECT t.document_id, t.xmin::text AS version{recall_columns}
-                               FROM {schema}.osa_fact_terms t
-                               WHERE t.document_id = m.document_id AND t.org_id = %(org_id)s
-                                 AND t.assignment_id = %(assignment_id)s OFFSET 0) t ON true
-            LEFT JOIN LATERAL (SELECT k.id AS document_id, k.xmin::text AS version, k.content, k.meta
-                               FROM {schema}.{chunk} k WHERE k.id = m.document_id OFFSET 0) k ON true
-        WHERE m.seq > %(since)s::bigint
-    ) d ON true
-ORDER BY d.seq, d.created_at, d.document_id"""
+    """SELECT m.document_id, m.expires_at, m.seq, vector_send(t.embedding), t.dl::float8, t.terms, m.scored,
+       (t.document_id IS NOT NULL AND t.recall_hash = m.content_hash AND t.language = %(language)s::text
+        AND t.terms IS NOT NULL AND k.meta->>'document_id' IS NOT DISTINCT FROM m.document_id) AS usable,
+       k.content, m.metadata, m.created_at, m.updated_at,
+       hashtextextended(m.document_id || '/' || m.version, 0),
+       hashtextextended(t.document_id || '/' || t.version, 0),
+       hashtextextended(k.document_id || '/' || k.version, 0)
+FROM ({governing_rows}) m
+    LEFT JOIN LATERAL (SELECT t.document_id, t.xmin::text AS version{recall_columns}
+                       FROM {schema}.osa_fact_terms t
+                       WHERE t.document_id = m.document_id AND t.org_id = %(org_id)s
+                         AND t.assignment_id = %(assignment_id)s OFFSET 0) t ON true
+    LEFT JOIN LATERAL (SELECT k.id AS document_id, k.xmin::text AS version, k.content, k.meta
+                       FROM {schema}.{chunk} k WHERE k.id = m.document_id OFFSET 0) k ON true
+WHERE m.seq > %(since)s::bigint
+ORDER BY m.seq, m.created_at, m.document_id"""
 )
 _RECALL_COLUMNS = sql.SQL(", t.content_hash AS recall_hash, t.language, t.embedding, t.dl, t.terms")
 _CHUNK_COLUMNS = sql.SQL(", c.content, c.meta")
@@ -177,11 +174,8 @@ class Statements:
                 **prints,
             ),
             since=MEMO_SINCE.format(
-                scope=_SCOPE.format(governing_rows=scope_governing_rows(names, valid_at, _VERSION_AND_DETAILS)),
-                recall_rows=_RECALL_ROWS.format(columns=sql.SQL(""), **names),
-                chunks=_CHUNKS.format(columns=sql.SQL(""), **names),
+                governing_rows=scope_governing_rows(names, valid_at, _VERSION_AND_DETAILS),
                 recall_columns=_RECALL_COLUMNS,
-                **prints,
                 **names,
             ),
         )
@@ -333,16 +327,18 @@ class ScopeMemo:
             return "since" if entry.kept.read is not None else self._skip(entry, now)
 
     def caught_up(
-        self, cur: psycopg.Cursor[Any], statement: sql.Composed | bytes, params: dict[str, Any]
+        self, cur: psycopg.Cursor[Any], statement: sql.Composed | bytes, params: dict[str, Any], now: Print
     ) -> Kept | Literal["rows", "exact"]:
-        """The rows kept for the scope of ``params`` (as `read` takes them) with the facts stored since they were
-        read (`MEMO_SINCE` on ``cur``, a binary cursor), when its print says nothing else changed: the rows read,
-        and those facts after them (facts this process wrote that joined them are read again with the others).
-        Otherwise ``exact``, and the next recalls skip the print as after any change (`MAX_SKIPS`); ``rows``
-        when nothing is kept any more.
+        """The rows kept for the scope of ``params`` (as `read` takes them) caught up with the facts stored since
+        they were read (`MEMO_SINCE` on ``cur``, a binary cursor), when the recall's print ``now`` is the rows
+        read's plus those facts' (nothing else changed): the rows read, then those facts (facts this process wrote
+        that joined them are read again with the others). Otherwise ``exact``, and the next recalls skip the print
+        as after any change (`MAX_SKIPS`); ``rows`` when nothing is kept any more.
 
         So a scope two processes write (an agent's stores served by two workers) keeps its rows: each process's
-        print misses the other's facts, and reads only them."""
+        print misses the other's facts, and it reads only them. The facts are read after the print, from a later
+        snapshot: one stored, changed or gone in between makes them differ from the print, which then does not
+        add up."""
         key = (str(params["org_id"]), str(params["assignment_id"]))
         with self._lock:
             entry = self._entries.get(key)
@@ -351,13 +347,13 @@ class ScopeMemo:
             return "rows"
         since = base.read.seq if base.read.seq is not None else _BEFORE_ALL
         rows = cur.execute(statement, {**params, "since": since}).fetchall()
-        new = _caught_up(base, base.read, base.scope, rows)
+        new = _caught_up(base, base.read, base.scope, rows, now)
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
                 return "rows" if new is None else new
             if new is None:
-                return self._skip(entry, Print.of(*rows[0][:PRINT_COLUMNS]))
+                return self._skip(entry, now)
             self.caught += 1
             if entry.kept is base:  # else changed meanwhile (a fact joined): this recall ranks its own
                 entry.kept, entry.streak, entry.seen = new, 0, None
@@ -450,31 +446,21 @@ class ScopeMemo:
             self._facts -= len(gone.kept)
 
 
-def _caught_up(base: Kept, read: Read, scope: HeldScope, rows: Sequence[tuple[Any, ...]]) -> Kept | None:
+def _caught_up(base: Kept, read: Read, scope: HeldScope, rows: Sequence[tuple[Any, ...]], now: Print) -> Kept | None:
     """``base``'s rows as read (``read``, the first of ``scope``'s) and the facts of ``rows`` (`MEMO_SINCE`'s, past
-    ``read.seq``) after them, at the print ``rows`` give; None unless that print is the rows read's plus those
+    ``read.seq``) after them, at the print ``now``; None unless ``now`` is the rows read's print plus those
     facts' (nothing else changed: no fact read before left or changed, none came in before them in storing
     order) and every fact has a usable recall row and chunk."""
-    at = PRINT_COLUMNS
-    now = Print.of(*rows[0][:at])
-    facts = [r for r in rows if r[at] is not None]
-    if not all(r[at + 7] for r in facts):  # usable: its recall row and chunk are there, so are their hashes
+    if not all(r[7] for r in rows):  # usable: its recall row and chunk are there, so are their hashes
         return None
-    n = len(facts)
-    gained = Print(
-        n,
-        sum(int(r[at + 12]) for r in facts),
-        n,
-        sum(int(r[at + 13]) for r in facts),
-        n,
-        sum(int(r[at + 14]) for r in facts),
-    )
+    n = len(rows)
+    gained = Print(n, sum(int(r[12]) for r in rows), n, sum(int(r[13]) for r in rows), n, sum(int(r[14]) for r in rows))
     if read.print + gained != now:
         return None
     joined = set(scope.document_ids[read.rows :])
-    held = scope.head(read.rows).extended([r[at : at + 7] for r in facts])
+    held = scope.head(read.rows).extended([r[:7] for r in rows])
     details = {k: v for k, v in base.details.items() if k not in joined}
-    details.update((r[at], r[at + 8 : at + 12]) for r in facts)
-    seqs = [s for s in (read.seq, *(r[at + 2] for r in facts)) if s is not None]
+    details.update((r[0], r[8:12]) for r in rows)
+    seqs = [s for s in (read.seq, *(r[2] for r in rows)) if s is not None]
     last_seq = max(seqs, default=None)
     return Kept(now, held, details, last_seq=last_seq, read=Read(now, last_seq, len(held)))

@@ -6,7 +6,6 @@ joins the rows kept at the print it makes with them, in a copy, unless it would 
 from __future__ import annotations
 
 import struct
-from dataclasses import astuple
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -54,13 +53,10 @@ def read(memo: ScopeMemo, key: tuple[str, str], rows: list[tuple[Any, ...]]) -> 
     return memo.read(Rows(rows), b"", {"org_id": key[0], "assignment_id": key[1]})  # type: ignore[arg-type]
 
 
-def since_rows(now: Print, facts: list[tuple[tuple[Any, ...], Any, int]]) -> list[tuple[Any, ...]]:
-    """`MEMO_SINCE`'s rows: the print ``now`` (one row alone when no fact is past the rows read), then each fact's
-    `MEMO_ROWS` columns (``facts``: the row and detail `joining` gives, and the hash it adds to the print)."""
-    head = tuple(Decimal(v) for v in astuple(now))
-    if not facts:
-        return [(*head, *[None] * 15)]
-    return [(*head, *row, True, *detail, h, h, h) for row, detail, h in facts]
+def since_rows(facts: list[tuple[tuple[Any, ...], Any, int]]) -> list[tuple[Any, ...]]:
+    """`MEMO_SINCE`'s rows: each fact's `MEMO_ROWS` columns (``facts``: the row and detail `joining` gives, and the
+    hash it adds to the print)."""
+    return [(*row, True, *detail, h, h, h) for row, detail, h in facts]
 
 
 def miss(memo: ScopeMemo, key: tuple[str, str], now: Print, *facts: tuple[tuple[Any, ...], Any, int]) -> Any:
@@ -69,8 +65,8 @@ def miss(memo: ScopeMemo, key: tuple[str, str], now: Print, *facts: tuple[tuple[
     route = memo.current(key, now)
     if route != "since":
         return route
-    cursor = Rows(since_rows(now, list(facts)))
-    return memo.caught_up(cursor, b"", {"org_id": key[0], "assignment_id": key[1]})  # type: ignore[arg-type]
+    cursor = Rows(since_rows(list(facts)))
+    return memo.caught_up(cursor, b"", {"org_id": key[0], "assignment_id": key[1]}, now)  # type: ignore[arg-type]
 
 
 def stored(seq: int, h: int) -> tuple[tuple[Any, ...], Any, int]:
@@ -272,9 +268,10 @@ def test_a_fact_joined_that_left_is_not_kept_and_a_change_that_does_not_add_up_i
     read(memo, key, rows_of(3, 7))
     now = printed(3, 7) + Print.of_new_fact(4)
     assert memo.current(key, now) == "since"
-    rows = since_rows(now, [stored(10, 4)])
-    rows[0] = (*rows[0][:13], False, *rows[0][14:])  # usable
-    assert memo.caught_up(Rows(rows), b"", {"org_id": "acme", "assignment_id": "a1"}) == "exact"  # type: ignore[arg-type]
+    rows = since_rows([stored(10, 4)])
+    rows[0] = (*rows[0][:7], False, *rows[0][8:])  # usable
+    params = {"org_id": "acme", "assignment_id": "a1"}
+    assert memo.caught_up(Rows(rows), b"", params, now) == "exact"  # type: ignore[arg-type]
     assert memo.caught == 0
 
 
