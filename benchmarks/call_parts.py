@@ -17,11 +17,11 @@ Parts of a call that the served figures (`load.py --driver wrk`) cannot tell apa
   way: the store's search is answered from them) against stores whose fact does not (the way before it: the
   search finds the scope changed and reads it). Blocks alternating as for ``search``; the rows kept are dropped
   before each block, so that each way starts from a scope read once.
-- ``--part since``: stores whose scope's rows kept are found changed by a fact the memo did not see (here the
-  store's own, kept from joining them: as a fact another worker stored), caught up with the facts stored since
-  (`ScopeMemo.caught_up`, the package's way) against the way before it (the exact path, then skipping the print
-  for the next 1, 2, 4, ... stores of the scope). Blocks alternating as for ``join``, each starting from scopes
-  read once.
+- ``--part since``: stores by two memories (as two serving workers: each scope's stores go to one, then the other,
+  by turns), so that a store's search finds its scope's rows kept changed by the other's facts: caught up with the
+  facts stored since (`ScopeMemo.caught_up`, the package's way) against the way before it (the exact path, then
+  skipping the print for the next 1, 2, 4, ... stores of the scope). Both memories' CPU is counted. Blocks
+  alternating as for ``join``, each starting from scopes read once.
 - ``--part plans``: PostgreSQL's planning and execution time of each read statement a recall and a store run,
   medians over ``--calls`` recalls and stores. Right before a statement runs, the same text runs once more
   under ``EXPLAIN (ANALYZE, SUMMARY)`` on the same connection with the same parameters (psycopg's
@@ -201,44 +201,65 @@ SINCE_WAYS = ("exact", "caught_up")
 
 
 def since_part(args: argparse.Namespace) -> dict[str, Any]:
-    """Stores whose fact does not join the rows kept, their search finding the scope changed: caught up with
-    (way True) or not (way False), blocks alternating; ``caught``: the catch-ups during each way's blocks."""
+    """Stores by two memories taking turns at each scope, their rows kept caught up with the facts the other
+    stored (way True) or not (way False), blocks alternating; ``caught``: the catch-ups during each way's blocks,
+    ``routes``: how the stores' searches read their scopes each way (`ScopeMemo.route`)."""
     caught = {False: 0, True: 0}
-    since: list[tuple[bool, int]] = []  # the way of the block running, and the memo's catch-ups at its start
+    routes: dict[bool, dict[str, int]] = {False: defaultdict(int), True: defaultdict(int)}
+    running = [True]  # the way of the block running
 
     def switch(memory: Memory) -> Any:
-        assert memory.kb is not None
-        repo = memory.kb.facts
-        memo = repo.scope_memo
-        assert memo is not None
-        repo._written = lambda params, chunk_meta, row: None  # type: ignore[method-assign]
-        current = type(memo).current
+        other = Memory(memory.config, use_default_embedders=args.embedder != "none")
+        other.warm_up()
+        stores = [memory.store, other.store]
+        count = [0]
 
-        def not_caught_up(key: tuple[str, str], now: Any) -> Any:  # the way before: any change, the exact path
-            route = current(memo, key, now)
-            if route != "since":
-                return route
+        def by_turns(*a: Any, **kw: Any) -> Any:  # scope n % assignments: one memory's, then the other's
+            count[0] += 1
+            return stores[(count[0] // args.assignments) % 2](*a, **kw)
+
+        memory.store = by_turns  # type: ignore[method-assign]
+        memos = []
+        for m in (memory, other):
+            assert m.kb is not None
+            memo = m.kb.facts.scope_memo
+            assert memo is not None
+            memos.append(memo)
+            route = memo.route
+
+            def recorded(key: tuple[str, str], route: Any = route) -> Any:
+                way = route(key)
+                routes[running[0]][way] += 1
+                return way
+
+            memo.route = recorded  # type: ignore[method-assign]
+
+        def not_caught_up(memo: Any, key: tuple[str, str], now: Any) -> Any:  # the way before
+            way = type(memo).current(memo, key, now)
+            if way != "since":
+                return way
             with memo._lock:
                 return memo._skip(memo._entries[key], now)
 
         def to(caught_up: bool) -> None:
-            if since:
-                way, at = since.pop()
-                caught[way] += memo.caught - at
-            if caught_up:
-                memo.__dict__.pop("current", None)
-            else:
-                memo.current = not_caught_up  # type: ignore[method-assign]
-            with memo._lock:
-                memo._entries.clear()
-                memo._facts = 0
-            since.append((caught_up, memo.caught))
+            caught[running[0]] += sum(m.caught for m in memos)
+            for memo in memos:
+                memo.caught = 0
+                if caught_up:
+                    memo.__dict__.pop("current", None)
+                else:
+                    memo.current = lambda key, now, memo=memo: not_caught_up(memo, key, now)
+                with memo._lock:
+                    memo._entries.clear()
+                    memo._facts = 0
+            running[0] = caught_up
 
         return to
 
     result = two_ways(args, "since", SINCE_WAYS, switch)
     result["part"] = "since"
     result["caught"] = {SINCE_WAYS[0]: caught[False], SINCE_WAYS[1]: caught[True]}
+    result["routes"] = {SINCE_WAYS[0]: dict(routes[False]), SINCE_WAYS[1]: dict(routes[True])}
     return result
 
 
@@ -372,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.part == "since":
         result = since_part(args)
         print_two_ways(args, result, SINCE_WAYS)
-        print(f"  catch-ups: {result['caught']}")
+        print(f"  catch-ups: {result['caught']}; routes: {result['routes']}")
     elif args.part == "search":
         result = search_part(args)
         print(f"{args.embedder} store, {args.rounds} pairs of {args.block}-store blocks, CPU ms per store:")

@@ -144,6 +144,10 @@ TERM_CODE = 1024
 TERM_BITS = 10  # TERM_CODE == 1 << TERM_BITS
 
 
+_NO_TERMS: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+_NO_TERMS.flags.writeable = False  # shared by every `PackedTerms.none()`
+
+
 class PackedTerms:
     """Facts' packed lexemes (`TERM_CODE`) unpacked once, for matching against many queries: a scope held
     in memory (`haystack_osa_memory.store.scope_cache`) unpacks its facts' lexemes when it reads them,
@@ -169,6 +173,15 @@ class PackedTerms:
         self.rows: npt.NDArray[np.int64] = np.repeat(np.arange(self.n), lengths // 8)
         self._order: npt.NDArray[np.int64] | None = None
 
+    @classmethod
+    def none(cls) -> PackedTerms:
+        """No facts' lexemes: ``PackedTerms([])`` without its decoding (for arrays assigned next)."""
+        out = cls.__new__(cls)
+        out.n = 0
+        out.often = out.hashes = out.rows = _NO_TERMS
+        out._order = None
+        return out
+
     def index(self) -> PackedTerms:
         """Sort the lexemes once (for a scope matched against many queries): `counts_by_term` then finds each query
         term's holders by binary search instead of comparing every lexeme of the scope."""
@@ -189,16 +202,29 @@ class PackedTerms:
 
     def extend(self, more: PackedTerms) -> PackedTerms:
         """These facts' lexemes followed by ``more``'s."""
-        out = PackedTerms([])
+        out = PackedTerms.none()
         out.n = self.n + more.n  # (unindexed: `index` again)
         out.often = np.concatenate([self.often, more.often])
         out.hashes = np.concatenate([self.hashes, more.hashes])
         out.rows = np.concatenate([self.rows, more.rows + self.n])
         return out
 
+    def head(self, n: int) -> PackedTerms:
+        """The lexemes of the first ``n`` facts (unindexed): views, not copies, since each fact's lexemes follow
+        the facts' before it."""
+        at = int(np.searchsorted(self.rows, n))
+        out = PackedTerms.none()
+        out.n = n
+        out.often, out.hashes, out.rows = self.often[:at], self.hashes[:at], self.rows[:at]
+        return out
+
+    def indexed(self) -> PackedTerms:
+        """These lexemes, indexed (`index`) unless they are already."""
+        return self if self._order is not None else self.index()
+
     def take(self, keep: npt.NDArray[np.bool_]) -> PackedTerms:
         """The lexemes of the facts where ``keep`` is true (one flag per fact), renumbered."""
-        out = PackedTerms([])
+        out = PackedTerms.none()
         renumber = np.cumsum(keep) - 1
         held = keep[self.rows]
         out.n = int(keep.sum())

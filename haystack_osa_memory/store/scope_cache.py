@@ -189,7 +189,7 @@ class HeldScope:
         self.has_vec: npt.NDArray[np.bool_] = np.zeros(0, dtype=bool)
         self.dl: npt.NDArray[np.float64] = np.zeros(0, dtype=np.float64)
         self.scored: npt.NDArray[np.bool_] = np.zeros(0, dtype=bool)  # False: lends context, never ranked
-        self.terms = PackedTerms([])
+        self.terms = PackedTerms.none()
         self.check = Check(0, 0, 0)
         self.read_at = time.monotonic()
 
@@ -252,15 +252,16 @@ class HeldScope:
 
     def head(self, n: int) -> HeldScope:
         """A new scope of these rows' first ``n`` (this one itself when that is all of them), this one left as it
-        is. It shares the vectors' buffer: extending it copies them first, since rows past its own are this
-        one's (`_filled`)."""
+        is, for `extended` (its lexemes are not indexed: ``terms.indexed()`` before ranking it alone). It shares
+        the vectors' buffer: extending it copies them first, since rows past its own are this one's
+        (`_filled`)."""
         if n == len(self):
             return self
         new = HeldScope(self.dimension)
         new.document_ids, new.expires = self.document_ids[:n], self.expires[:n]
         new._unit, new._filled = self._unit, self._filled
         new.has_vec, new.dl, new.scored = self.has_vec[:n], self.dl[:n], self.scored[:n]
-        new.terms = self.terms.take(np.arange(len(self)) < n).index()
+        new.terms = self.terms.head(n)  # unindexed: `append` indexes what it extends
         new.check, new.read_at = self.check, self.read_at
         return new
 

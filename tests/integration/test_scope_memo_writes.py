@@ -221,3 +221,31 @@ def test_facts_stored_elsewhere_are_caught_up_with_as_a_read_would_keep_them(
     )
     for query in ("zanzibar crates", "walrus deploy", "billing port", *QUERIES):
         assert answer(kept, alice, query) == answer(exact, alice, query), query
+
+
+def test_a_fact_stored_between_the_print_and_the_facts_since_is_not_caught_up_with(
+    hybrid_config: MemoryConfig, alice: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kept, other = kept_memory(hybrid_config), exact_memory(hybrid_config)
+    for i in range(FACTS // 2):
+        other.store(fact(i), caller=alice)
+    answer(kept, alice, QUERIES[0])
+    memo = memo_of(kept)
+    repo = repo_of(kept)
+    other.store("The walrus deploy number is 1042.", caller=alice)  # the next print misses it
+    execute = psycopg.Cursor.execute
+    between: list[str] = []
+
+    def racing(cur: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
+        if query == repo._memo_since and not between:
+            # Committed after the recall's print, before the facts stored since are read.
+            between.append(other.store("The zanzibar crates ship on Tuesdays.", caller=alice)["document_id"])
+        return execute(cur, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", racing)
+    recalled = answer(kept, alice, "zanzibar crates walrus deploy")
+    assert between
+    assert (memo.changed, memo.caught) == (1, 0)  # the facts since are two, the print has one: not caught up
+    assert between[0] in [a[0] for a in recalled]  # the exact path's answer, read after both
+    monkeypatch.setattr(psycopg.Cursor, "execute", execute)
+    same_answers(kept, hybrid_config, alice, ("zanzibar crates", "walrus deploy", *QUERIES))

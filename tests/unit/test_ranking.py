@@ -252,8 +252,8 @@ def test_term_counts_match_a_loop(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", range(10))
 def test_packed_terms_indexed_extended_and_taken_count_as_fresh_ones(seed: int) -> None:
-    """A held scope's lexemes (`PackedTerms`): sorted once (`index`), grown (`extend`) and thinned (`take`),
-    they count each query term as lexemes packed afresh from the same facts do."""
+    """A held scope's lexemes (`PackedTerms`): sorted once (`index`), grown (`extend`), thinned (`take`) and cut
+    (`head`), they count each query term as lexemes packed afresh from the same facts do."""
     rnd = random.Random(seed)
     query = [rnd.getrandbits(48) for _ in range(rnd.randint(1, 6))]
     others = [rnd.getrandbits(48) for _ in range(20)]
@@ -271,6 +271,16 @@ def test_packed_terms_indexed_extended_and_taken_count_as_fresh_ones(seed: int) 
     kept_blobs = [b for b, k in zip(first + more, keep, strict=True) if k]
     assert (term_counts(kept_blobs, query) == kept.counts_by_term(query).T).all()
     assert (PackedTerms(first).counts_by_term(query) == PackedTerms(first).index().counts_by_term(query)).all()
+    # The first n facts' (`head`), unindexed and indexed, grown again.
+    n = rnd.randint(0, 32)
+    head = grown.head(n)
+    assert len(head) == n
+    assert (term_counts((first + more)[:n], query) == head.counts_by_term(query).T).all()
+    assert head.indexed() is head.indexed()
+    regrown = head.extend(PackedTerms(more)).indexed()
+    assert (term_counts((first + more)[:n] + more, query) == regrown.counts_by_term(query).T).all()
+    assert len(PackedTerms.none()) == 0
+    assert PackedTerms.none().counts_by_term(query).shape == (len(query), 0)
 
 
 @pytest.mark.parametrize("seed", range(24))
