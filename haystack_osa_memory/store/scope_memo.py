@@ -231,7 +231,10 @@ class Read:
 class Kept:
     """A scope's rows as read at ``print``, and what a recall returns of each fact (``details``, by id);
     ``scope`` None when one lacks a usable recall row or chunk (``unusable``: the exact path reads the chunk
-    fallback too, `candidates.SCOPE_ROWS`) or when they are too many to keep (exact path)."""
+    fallback too, `candidates.SCOPE_ROWS`) or when they are too many to keep (exact path). Facts joined
+    (`ScopeMemo.written`) wait in ``pending`` (each one's row and detail; ``print`` counts them) until a print
+    matches: a print that misses reads them again (`ScopeMemo.caught_up`), so extending the rows with them
+    before would be work lost."""
 
     print: Print
     scope: HeldScope | None
@@ -241,9 +244,18 @@ class Kept:
     last_seq: int | None = None
     #: The rows as read, before facts joined; None when ``scope`` is.
     read: Read | None = None
+    pending: tuple[tuple[tuple[Any, ...], Detail], ...] = ()
 
     def __len__(self) -> int:
-        return len(self.scope) if self.scope is not None else 0
+        return (len(self.scope) if self.scope is not None else 0) + len(self.pending)
+
+    def joined(self) -> Kept:
+        """These rows with the facts pending after them."""
+        if not self.pending or self.scope is None:
+            return self
+        rows = [row for row, _ in self.pending]
+        details = {**self.details, **{row[0]: detail for row, detail in self.pending}}
+        return Kept(self.print, self.scope.extended(rows), details, last_seq=self.last_seq, read=self.read)
 
 
 #: After a recall finds its scope changed since its rows were read, it takes the exact path, and so do the next
@@ -328,6 +340,8 @@ class ScopeMemo:
                 self._entries.move_to_end(key)
                 entry.streak, entry.seen = 0, None
                 self.hits += 1
+                # Under the lock: two stores of one scope share its vectors' buffer (`HeldScope.extended`).
+                entry.kept = entry.kept.joined()
                 return entry.kept
             self.changed += 1
             if entry.seen == now:
@@ -389,24 +403,26 @@ class ScopeMemo:
         Nothing joins a scope that takes the exact path now (`route`: none kept, unusable, or skipping prints
         after changes it did not see), that holds the fact already, or whose rows hold a later storing order
         (the fact would not be the last row of the exact path's order). True when it joined."""
-        with self._lock:  # held while the rows are extended: two stores of one scope share its vectors' buffer
+        with self._lock:
             entry = self._entries.get(key)
             if entry is None or entry.skips > 0:
                 return False
             kept = entry.kept
-            if kept.scope is None or row[0] in kept.details:
+            if kept.scope is None or row[0] in kept.details or any(row[0] == r[0] for r, _ in kept.pending):
                 return False
             if kept.last_seq is not None and row[2] <= kept.last_seq:
                 # Stored before a fact the rows hold (their read and this write overlapped): it belongs before
                 # that one in storing order, not after the rows, where joining would put it.
                 return False
-            # A new `Kept`: recalls may be ranking the one kept meanwhile, without the lock.
+            # A new `Kept`: recalls may be ranking the one kept meanwhile, without the lock. The fact waits until
+            # a print matches (`Kept.joined`).
             entry.kept = Kept(
                 kept.print + gained,
-                kept.scope.extended([row]),
-                {**kept.details, row[0]: detail},
+                kept.scope,
+                kept.details,
                 last_seq=row[2],
                 read=kept.read,
+                pending=(*kept.pending, (row, detail)),
             )
             self._facts += 1
             self.joined += 1

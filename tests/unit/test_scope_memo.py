@@ -291,3 +291,28 @@ def test_catching_up_again_and_again_keeps_the_vectors_buffer_within_twice_the_r
         assert caught.scope._unit.shape[0] <= max(2 * len(caught.scope), 64)
     assert len(caught.scope) == 3 + 2 * 195
     assert memo.caught == 195
+
+
+def test_a_fact_joined_waits_for_a_print_that_matches_and_one_that_misses_reads_it_again() -> None:
+    memo = ScopeMemo(max_facts=100, dimension=DIM)
+    key = ("acme", "a1")
+    read(memo, key, rows_of(3, 7))
+    before = memo._entries[key].kept
+    assert memo.written(key, Print.of_new_fact(5), *joining(9))
+    waiting = memo._entries[key].kept
+    assert waiting.scope is before.scope  # not extended yet
+    assert len(waiting) == 4
+    assert memo._facts == 4
+    assert waiting.print == printed(3, 7) + Print.of_new_fact(5)
+    assert not memo.written(key, Print.of_new_fact(5), *joining(9))  # pending already
+    # Another process stored seq 8 meanwhile: the print misses, both are read, the rows read extended in place.
+    now = printed(3, 7) + Print.of_new_fact(4) + Print.of_new_fact(5)
+    caught = miss(memo, key, now, stored(8, 4), stored(9, 5))
+    assert not isinstance(caught, str)
+    assert caught.scope is not None
+    assert before.scope is not None
+    assert caught.scope._unit is before.scope._unit  # no copy: nothing was written past the rows read
+    assert caught.scope.document_ids == ["d0", "d1", "d2", "new8", "new9"]
+    assert caught.pending == ()
+    assert before.scope.document_ids == ["d0", "d1", "d2"]
+    assert memo._facts == 5
