@@ -200,9 +200,14 @@ COSINES_TO = sql.SQL(
       AND a.embedding IS NOT NULL AND b.embedding IS NOT NULL"""
 )
 
+# Each id probed by primary key (a fenced LATERAL). Written as ``id = ANY(%s) AND org_id = %s``, PostgreSQL 18
+# scanned the whole org's range of the scope index (`ddl.CREATE_SCOPE_CREATED_INDEX`, whose last column is the
+# id) instead: 2.8 ms against 0.3 ms for 8 ids in an org of 12,800 facts, growing with the org (docs/traps.md).
 GOVERNING_ROWS = sql.SQL(
-    """SELECT id, org_id, audience, status, metadata->>'assignment_id' AS assignment_id
-    FROM {schema}.{gov} WHERE id = ANY(%s) AND org_id = %s"""
+    """SELECT g.id, g.org_id, g.audience, g.status, g.assignment_id
+    FROM unnest(%s::text[]) AS i(id),
+        LATERAL (SELECT d.id, d.org_id, d.audience, d.status, d.metadata->>'assignment_id' AS assignment_id
+                 FROM {schema}.{gov} d WHERE d.id = i.id AND d.org_id = %s OFFSET 0) g"""
 )
 
 

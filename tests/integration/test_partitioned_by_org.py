@@ -180,6 +180,13 @@ PENDING: tuple[Listed, ...] = (
         "a small scope's rows are read with their facts' chunks, by id",
         fix="store/scope_memo.py _CHUNKS: `AND c.org_id = %(org_id)s` once the chunk table has it",
     ),
+    _listed(
+        "MEMO_SINCE",
+        ("vector_send(t.embedding)", "AS usable", "%(since)s"),
+        {"chunk"},
+        "the facts a kept scope catches up with are read with their chunks, by id",
+        fix="store/scope_memo.py MEMO_SINCE: `AND k.org_id = %(org_id)s` once the chunk table has it",
+    ),
     _listed("SELECT_FACT", ("g.specialist_id", "LEFT JOIN"), {"chunk"}, "read joins the chunk", fix=_CHUNK_ORG_FIX),
     _listed(
         "LIST_FACTS", ("ORDER BY g.created_at, g.id LIMIT",), {"chunk"}, "list joins the chunk", fix=_CHUNK_ORG_FIX
