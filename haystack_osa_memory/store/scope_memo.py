@@ -12,11 +12,11 @@ path would read, for the scope's recall rows and for those facts' chunks, how ma
 rows were read with (`MEMO_ROWS`, print, rows and text from one snapshot), they are ranked from memory
 (`scope_cache.HeldScope.rank`, the ranking the exact path runs) and the facts returned carry their text
 (`candidates.ScopeHit.detail`): the print this recall matched is the scope's check, and nothing more is read.
-When it is not, the recall reads the facts stored since the rows were read (`MEMO_SINCE`: the print again and
-the facts past the rows' last `seq`, from one snapshot). If that print is the rows' plus those facts' (nothing
-else changed: the usual change when two processes serve one agent's stores), the rows kept are caught up with
-them (`ScopeMemo.caught_up`) and rank the recall. Otherwise it takes the exact path, and the rows are read again
-once two prints in a row agree (`MAX_SKIPS`).
+When it is not, the recall reads the facts stored since the rows were read (`MEMO_SINCE`: the facts past the
+rows' last `seq`, each with the hashes it adds to the print). If the print is the rows' plus those facts'
+(nothing else changed: the usual change when two processes serve one agent's stores), the rows kept are caught
+up with them (`ScopeMemo.caught_up`) and rank the recall. Otherwise it takes the exact path, and the rows are
+read again once two prints in a row agree (`MAX_SKIPS`).
 
 A fact this process writes joins the rows kept (`ScopeMemo.written`): the statement that writes it returns its
 version's hash and its recall row (`fact_writing.WrittenRow`), and the rows kept take it at the print they
@@ -249,8 +249,8 @@ class Kept:
     def __len__(self) -> int:
         return (len(self.scope) if self.scope is not None else 0) + len(self.pending)
 
-    def joined(self) -> Kept:
-        """These rows with the facts pending after them."""
+    def with_pending(self) -> Kept:
+        """These rows with the facts pending after them (under the memo's lock: `HeldScope.extended`)."""
         if not self.pending or self.scope is None:
             return self
         rows = [row for row, _ in self.pending]
@@ -341,7 +341,7 @@ class ScopeMemo:
                 entry.streak, entry.seen = 0, None
                 self.hits += 1
                 # Under the lock: two stores of one scope share its vectors' buffer (`HeldScope.extended`).
-                entry.kept = entry.kept.joined()
+                entry.kept = entry.kept.with_pending()
                 return entry.kept
             self.changed += 1
             if entry.seen == now:
@@ -369,8 +369,8 @@ class ScopeMemo:
             return "rows"
         since = base.read.seq if base.read.seq is not None else _BEFORE_ALL
         rows = cur.execute(statement, {**params, "since": since}).fetchall()
-        new = _caught_up(base, base.read, base.scope, rows, now)
-        with self._lock:
+        with self._lock:  # extending the rows under it: two recalls catching up one scope share its vectors' buffer
+            new = _caught_up(base, base.read, base.scope, rows, now)
             entry = self._entries.get(key)
             if entry is None:
                 return "rows" if new is None else new
