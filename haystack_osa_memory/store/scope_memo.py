@@ -394,7 +394,8 @@ class ScopeMemo:
     def written(self, key: tuple[str, str], gained: Print, row: tuple[Any, ...], detail: Detail) -> bool:
         """A new fact of ``key`` was written, and nothing else in its transaction touched its rows: the rows
         kept join it (``row``: its `MEMO_ROWS` columns from the id to the scored flag, ``detail`` what a recall
-        returns of it) at the print they make with it (the kept print plus ``gained``). The next recall's print
+        returns of it) at the print they make with it (the kept print plus ``gained``), pending until a print
+        matches (`Kept.pending`). The next recall's print
         checks them like any other: if the scope changed otherwise since they were read (a write of another
         process, a fact past its validity), or the fact is not in it as written (another status, not valid
         yet), the print does not match and that recall takes the exact path. A store's search for the facts it

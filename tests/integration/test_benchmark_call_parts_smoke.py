@@ -93,3 +93,18 @@ def test_join_part_measures_stores_with_and_without_the_join(pg_conn_str: str, t
         assert isinstance(figures, dict)
         assert figures["apart_ms"] > 0
         assert figures["joined_ms"] > 0
+
+
+def test_since_part_measures_stores_of_two_memories_caught_up_and_not(pg_conn_str: str, tmp_path: Path) -> None:
+    result = run(tmp_path, "--part", "since", "--block", "8", "--rounds", "2")
+    assert result["part"] == "since"
+    caught, routes = result["caught"], result["routes"]
+    assert caught["exact"] == 0
+    assert caught["caught_up"] > 0  # each memory's print misses the other's facts, and catches up with them
+    assert sum(routes["exact"].values()) == sum(routes["caught_up"].values()) > 0  # every search, recorded each way
+    assert routes["caught_up"].get("exact", 0) == 0  # never skipping the print
+    for part in ("server", "total"):
+        figures = result[part]
+        assert isinstance(figures, dict)
+        assert figures["exact_ms"] > 0
+        assert figures["caught_up_ms"] > 0

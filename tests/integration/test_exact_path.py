@@ -148,8 +148,15 @@ def test_an_empty_scope_has_no_hits(exact_config: MemoryConfig, alice: Caller, b
 
 
 def scope_reads(statements: list[str]) -> list[str]:
-    """The statements that read a scope, by their first words: the print, the kept rows, the exact path's."""
-    names = {"SELECT q.*, p.*": "print", "WITH m AS": "kept rows", "WITH q(lexemes": "one", "WITH s AS": "apart"}
+    """The statements that read a scope, by their first words: the print, the kept rows, the facts stored since
+    they were read, the exact path's."""
+    names = {
+        "SELECT q.*, p.*": "print",
+        "WITH m AS": "kept rows",
+        "SELECT m.document_id, m.expires_at": "since",
+        "WITH q(lexemes": "one",
+        "WITH s AS": "apart",
+    }
     return [name for s in statements for prefix, name in names.items() if s.startswith(prefix)]
 
 
@@ -173,17 +180,22 @@ def kept_scope(config: MemoryConfig, caller: Caller, statements: list[str]) -> M
     return memory
 
 
-def test_a_scope_found_changed_by_its_print_takes_the_one_statement(
+def test_a_scope_found_changed_by_its_print_catches_up_or_takes_the_one_statement(
     config: MemoryConfig, alice: Caller, statements: list[str]
 ) -> None:
     memory = kept_scope(config, alice, statements)
-    # A store of another process: this one's rows kept do not know its fact (its own would join them).
-    Memory(config.model_copy(update={"scope_cache_facts": 0}), use_default_embedders=False).store(
-        fact(10), caller=alice
-    )
+    other = Memory(config.model_copy(update={"scope_cache_facts": 0}), use_default_embedders=False)
+    # A store of another process: this one's rows kept do not know its fact (its own would join them). The facts
+    # stored since the rows were read make the print: they are read alone.
+    other.store(fact(10), caller=alice)
+    statements.clear()
+    first = memory.recall("billing port", caller=alice)["facts"]
+    assert scope_reads(statements) == ["print", "since"]
+    # A fact superseded as well: the facts stored since do not make the print; the exact path, in one statement.
+    other.store(fact(11), supersedes=[first[0]["document_id"]], caller=alice)
     statements.clear()
     memory.recall("billing port", caller=alice)
-    assert scope_reads(statements) == ["print", "one"]
+    assert scope_reads(statements) == ["print", "since", "one"]
 
 
 def test_a_scope_kept_as_unusable_reads_the_fallback_at_once(

@@ -1,7 +1,8 @@
 """`ScopeMemo`'s bookkeeping without a database: rows of `MEMO_ROWS`' shape are kept least recently used
 first out within ``max_facts``, a scope too big or holding a fact without a usable recall row routes to the
-exact path, and a changed print makes the next recalls skip it, 1, 2, 4, ... up to `MAX_SKIPS`. A fact written
-joins the rows kept at the print it makes with them, in a copy, unless it would not be their last row."""
+exact path, and a changed print is caught up with when the facts stored since make it (their rows after the rows
+read), else makes the next recalls skip it, 1, 2, 4, ... up to `MAX_SKIPS`. A fact written joins the rows kept at
+the print it makes with them, waiting until a print matches, unless it would not be their last row."""
 
 from __future__ import annotations
 
