@@ -64,6 +64,24 @@ def assert_same_kept(joined: Kept, fresh: Kept) -> None:
         assert np.array_equal(getattr(a.terms, name), getattr(b.terms, name)), name
 
 
+def plain_and_kept(
+    embedder: str, hybrid_config: MemoryConfig, config: MemoryConfig, caller: Caller
+) -> tuple[Memory, Memory, ScopeMemo]:
+    """A memory without rows kept (the exact path: writing as another process would, or answering as the exact
+    path does) and one keeping them, hybrid or lexical (``embedder`` none), with half of `FACTS` stored in
+    ``caller``'s scope by the first and its rows kept by the second; and the second's memo."""
+    if embedder == "hybrid":
+        plain, kept = exact_memory(hybrid_config), kept_memory(hybrid_config)
+    else:
+        plain = Memory(config.model_copy(update={"scope_cache_facts": 0}), use_default_embedders=False)
+        kept = Memory(config, use_default_embedders=False)
+        kept.warm_up()
+    for i in range(FACTS // 2):
+        plain.store(fact(i), caller=caller)
+    answer(kept, caller, QUERIES[0])  # the rows read and kept
+    return plain, kept, memo_of(kept)
+
+
 def without_ids(result: dict[str, Any]) -> list[str]:
     return [s["content"] for s in result["possibly_supersedes"]]
 
@@ -72,16 +90,7 @@ def without_ids(result: dict[str, Any]) -> list[str]:
 def test_a_fact_written_joins_the_kept_rows_as_a_read_would(
     hybrid_config: MemoryConfig, config: MemoryConfig, alice: Caller, embedder: str
 ) -> None:
-    if embedder == "hybrid":
-        writer, kept = exact_memory(hybrid_config), kept_memory(hybrid_config)
-    else:
-        writer = Memory(config.model_copy(update={"scope_cache_facts": 0}), use_default_embedders=False)
-        kept = Memory(config, use_default_embedders=False)
-        kept.warm_up()
-    for i in range(FACTS // 2):
-        writer.store(fact(i), caller=alice)
-    answer(kept, alice, QUERIES[0])  # the rows read and kept
-    memo = memo_of(kept)
+    _, kept, memo = plain_and_kept(embedder, hybrid_config, config, alice)
     for text in NEW_FACTS:
         kept.store(text, caller=alice, topic="moves")
         assert_same_kept(kept_now(kept, alice), read_fresh(kept, alice))
@@ -128,13 +137,9 @@ def test_a_stores_search_reads_no_scope_rows_and_suggests_what_the_exact_path_do
 
 
 def test_a_write_elsewhere_before_the_join_is_seen_by_the_next_print_and_caught_up_with(
-    hybrid_config: MemoryConfig, alice: Caller
+    hybrid_config: MemoryConfig, config: MemoryConfig, alice: Caller
 ) -> None:
-    kept, other = kept_memory(hybrid_config), exact_memory(hybrid_config)
-    for i in range(FACTS // 2):
-        other.store(fact(i), caller=alice)
-    answer(kept, alice, QUERIES[0])
-    memo = memo_of(kept)
+    other, kept, memo = plain_and_kept("hybrid", hybrid_config, config, alice)
     elsewhere = other.store("The walrus deploy number is 1042.", caller=alice)["document_id"]
     assert memo.changed == 0
     kept.store("The zanzibar crates ship on Tuesdays.", caller=alice)  # joins rows that miss the walrus
@@ -196,16 +201,7 @@ def test_a_join_that_fails_leaves_the_store_done_and_the_answers_right(
 def test_facts_stored_elsewhere_are_caught_up_with_as_a_read_would_keep_them(
     hybrid_config: MemoryConfig, config: MemoryConfig, alice: Caller, embedder: str
 ) -> None:
-    if embedder == "hybrid":
-        other, kept = exact_memory(hybrid_config), kept_memory(hybrid_config)
-    else:
-        other = Memory(config.model_copy(update={"scope_cache_facts": 0}), use_default_embedders=False)
-        kept = Memory(config, use_default_embedders=False)
-        kept.warm_up()
-    for i in range(FACTS // 2):
-        other.store(fact(i), caller=alice)
-    answer(kept, alice, QUERIES[0])  # the rows read and kept
-    memo = memo_of(kept)
+    other, kept, memo = plain_and_kept(embedder, hybrid_config, config, alice)
     for i, text in enumerate(NEW_FACTS):
         other.store(text, caller=alice)
         if i == 1:
@@ -214,23 +210,14 @@ def test_facts_stored_elsewhere_are_caught_up_with_as_a_read_would_keep_them(
         assert_same_kept(kept_now(kept, alice), read_fresh(kept, alice))
     assert memo.reads == 1
     assert memo.caught == len(NEW_FACTS)
-    exact = (
-        exact_memory(hybrid_config)
-        if embedder == "hybrid"
-        else Memory(config.model_copy(update={"scope_cache_facts": 0}), use_default_embedders=False)
-    )
     for query in ("zanzibar crates", "walrus deploy", "billing port", *QUERIES):
-        assert answer(kept, alice, query) == answer(exact, alice, query), query
+        assert answer(kept, alice, query) == answer(other, alice, query), query
 
 
 def test_a_fact_stored_between_the_print_and_the_facts_since_is_not_caught_up_with(
-    hybrid_config: MemoryConfig, alice: Caller, monkeypatch: pytest.MonkeyPatch
+    hybrid_config: MemoryConfig, config: MemoryConfig, alice: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    kept, other = kept_memory(hybrid_config), exact_memory(hybrid_config)
-    for i in range(FACTS // 2):
-        other.store(fact(i), caller=alice)
-    answer(kept, alice, QUERIES[0])
-    memo = memo_of(kept)
+    other, kept, memo = plain_and_kept("hybrid", hybrid_config, config, alice)
     repo = repo_of(kept)
     other.store("The walrus deploy number is 1042.", caller=alice)  # the next print misses it
     execute = psycopg.Cursor.execute

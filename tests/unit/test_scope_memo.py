@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from haystack_osa_memory.store import scope_memo
-from haystack_osa_memory.store.scope_memo import MAX_SKIPS, Print, ScopeMemo
+from haystack_osa_memory.store.scope_cache import HeldScope
+from haystack_osa_memory.store.scope_memo import MAX_SKIPS, Kept, Print, ScopeMemo
 
 DIM = 4
 
@@ -68,6 +69,16 @@ def miss(memo: ScopeMemo, key: tuple[str, str], now: Print, *facts: tuple[tuple[
         return route
     cursor = Rows(since_rows(list(facts)))
     return memo.caught_up(cursor, b"", {"org_id": key[0], "assignment_id": key[1]}, now)  # type: ignore[arg-type]
+
+
+def caught_up(
+    memo: ScopeMemo, key: tuple[str, str], now: Print, *facts: tuple[tuple[Any, ...], Any, int]
+) -> tuple[Kept, HeldScope]:
+    """`miss`, which must catch up: the rows kept then, and their scope."""
+    caught = miss(memo, key, now, *facts)
+    assert isinstance(caught, Kept)
+    assert caught.scope is not None
+    return caught, caught.scope
 
 
 def stored(seq: int, h: int) -> tuple[tuple[Any, ...], Any, int]:
@@ -211,11 +222,9 @@ def test_facts_stored_elsewhere_are_caught_up_with_and_nothing_else_read() -> No
     key = ("acme", "a1")
     before = read(memo, key, rows_of(3, 7))  # seqs 1 to 3
     now = printed(3, 7) + Print.of_new_fact(11) + Print.of_new_fact(13)
-    caught = miss(memo, key, now, stored(5, 11), stored(6, 13))
-    assert not isinstance(caught, str)
-    assert caught.scope is not None
-    assert caught.scope.document_ids == ["d0", "d1", "d2", "new5", "new6"]
-    assert caught.scope.unit[3:].tolist() == [[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]]  # 5 % 4, 6 % 4
+    caught, held = caught_up(memo, key, now, stored(5, 11), stored(6, 13))
+    assert held.document_ids == ["d0", "d1", "d2", "new5", "new6"]
+    assert held.unit[3:].tolist() == [[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]]  # 5 % 4, 6 % 4
     assert caught.details["new6"] == joining(6)[1]
     assert caught.print == now
     assert caught.last_seq == 6
@@ -237,16 +246,14 @@ def test_facts_joined_are_read_again_with_those_stored_elsewhere_in_storing_orde
     assert not isinstance(joined, str)
     # Another process stored seq 8 meanwhile: its print counts both; the rows read are caught up with both.
     now = printed(3, 7) + Print.of_new_fact(4) + Print.of_new_fact(5)
-    caught = miss(memo, key, now, stored(8, 4), stored(9, 5))
-    assert not isinstance(caught, str)
-    assert caught.scope is not None
-    assert caught.scope.document_ids == ["d0", "d1", "d2", "new8", "new9"]
-    assert caught.scope.unit[3:].tolist() == [[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]  # 8 % 4, 9 % 4
+    _, held = caught_up(memo, key, now, stored(8, 4), stored(9, 5))
+    assert held.document_ids == ["d0", "d1", "d2", "new8", "new9"]
+    assert held.unit[3:].tolist() == [[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]  # 8 % 4, 9 % 4
     # The rows joined before are as they were (their vectors were copied, not written over).
     assert joined.scope is not None
     assert joined.scope.document_ids == ["d0", "d1", "d2", "new9"]
     assert joined.scope.unit[3].tolist() == [0.0, 1.0, 0.0, 0.0]
-    assert len(caught.scope.terms) == 5
+    assert len(held.terms) == 5
     assert memo._facts == 5
 
 
@@ -256,10 +263,8 @@ def test_a_fact_joined_that_left_is_not_kept_and_a_change_that_does_not_add_up_i
     read(memo, key, rows_of(3, 7))
     assert memo.written(key, Print.of_new_fact(5), *joining(9))
     # The joined fact left the scope (retired elsewhere) and another came: only the other is past the rows read.
-    caught = miss(memo, key, printed(3, 7) + Print.of_new_fact(4), stored(10, 4))
-    assert not isinstance(caught, str)
-    assert caught.scope is not None
-    assert caught.scope.document_ids == ["d0", "d1", "d2", "new10"]
+    caught, held = caught_up(memo, key, printed(3, 7) + Print.of_new_fact(4), stored(10, 4))
+    assert held.document_ids == ["d0", "d1", "d2", "new10"]
     assert "new9" not in caught.details
     # A fact read before changed too (the print misses by more than the facts past the rows): the exact path.
     assert miss(memo, key, printed(4, 7) + Print.of_new_fact(3), stored(11, 3)) == "exact"
@@ -308,12 +313,10 @@ def test_a_fact_joined_waits_for_a_print_that_matches_and_one_that_misses_reads_
     assert not memo.written(key, Print.of_new_fact(5), *joining(9))  # pending already
     # Another process stored seq 8 meanwhile: the print misses, both are read, the rows read extended in place.
     now = printed(3, 7) + Print.of_new_fact(4) + Print.of_new_fact(5)
-    caught = miss(memo, key, now, stored(8, 4), stored(9, 5))
-    assert not isinstance(caught, str)
-    assert caught.scope is not None
+    caught, held = caught_up(memo, key, now, stored(8, 4), stored(9, 5))
     assert before.scope is not None
-    assert caught.scope._unit is before.scope._unit  # no copy: nothing was written past the rows read
-    assert caught.scope.document_ids == ["d0", "d1", "d2", "new8", "new9"]
+    assert held._unit is before.scope._unit  # no copy: nothing was written past the rows read
+    assert held.document_ids == ["d0", "d1", "d2", "new8", "new9"]
     assert caught.pending == ()
     assert before.scope.document_ids == ["d0", "d1", "d2"]
     assert memo._facts == 5
