@@ -183,9 +183,7 @@ def join_part(args: argparse.Namespace) -> dict[str, Any]:
                 repo.__dict__.pop("_written", None)
             else:
                 repo._written = lambda params, chunk_meta, row: None  # type: ignore[method-assign]
-            with memo._lock:  # each way starts from scopes read again (a store's search reads them once)
-                memo._entries.clear()
-                memo._facts = 0
+            memo.clear()  # each way starts from scopes read again (a store's search reads them once)
             since.append((joined, memo.joined))
 
         return to
@@ -249,9 +247,7 @@ def since_part(args: argparse.Namespace) -> dict[str, Any]:
                     memo.__dict__.pop("current", None)
                 else:
                     memo.current = lambda key, now, memo=memo: not_caught_up(memo, key, now)
-                with memo._lock:
-                    memo._entries.clear()
-                    memo._facts = 0
+                memo.clear()
             running[0] = caught_up
 
         return to

@@ -416,7 +416,7 @@ class ScopeMemo:
                 # that one in storing order, not after the rows, where joining would put it.
                 return False
             # A new `Kept`: recalls may be ranking the one kept meanwhile, without the lock. The fact waits until
-            # a print matches (`Kept.joined`).
+            # a print matches (`Kept.with_pending`).
             entry.kept = Kept(
                 kept.print + gained,
                 kept.scope,
@@ -429,6 +429,12 @@ class ScopeMemo:
             self.joined += 1
             self._evict()
         return True
+
+    def clear(self) -> None:
+        """Forget every scope kept: the next recall of each reads its rows again."""
+        with self._lock:
+            self._entries.clear()
+            self._facts = 0
 
     def read(self, cur: psycopg.Cursor[Any], statement: sql.Composed | bytes, params: dict[str, Any]) -> Kept:
         """Read the scope of ``params`` (`FactRepository`'s scope parameters with ``language``) with

@@ -55,6 +55,26 @@ def whole_answer(memory: Memory, caller: Caller, query: str) -> list[dict[str, A
     return [{**f, "score": round(f["score"], 4)} for f in facts]
 
 
+def record_scope_reads(memory: Memory, monkeypatch: pytest.MonkeyPatch) -> tuple[list[bytes], list[bool]]:
+    """Wrap psycopg's ``Cursor.execute``: the statements with which ``memory`` reads a scope's rows (the exact
+    path's, `MEMO_ROWS`) or its facts' text (`SCOPE_FACTS`) are appended to the list returned while the flag
+    returned with it (its one item) is on."""
+    assert memory.kb is not None
+    repo = memory.kb.facts
+    reading = (repo._scope_recall_rows, repo._scope_rows, repo._scope_facts, repo._memo_rows)
+    reads: list[bytes] = []
+    recording = [False]
+    execute = psycopg.Cursor.execute
+
+    def recorded(cur: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
+        if recording[0] and query in reading:
+            reads.append(query)
+        return execute(cur, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", recorded)
+    return reads, recording
+
+
 def same_answers(kept: Memory, config: MemoryConfig, caller: Caller, queries: list[str] | tuple[str, ...]) -> None:
     exact = exact_memory(config)
     for query in queries:
@@ -310,20 +330,8 @@ def test_facts_stored_elsewhere_between_recalls_are_caught_up_with(
 ) -> None:
     kept, other = kept_memory(hybrid_config), exact_memory(hybrid_config)
     memo = memo_of(kept)
-    reads: list[bytes] = []
-    recording = [False]
-    execute = psycopg.Cursor.execute
-    repo = kept.kb.facts if kept.kb is not None else None
-    assert repo is not None
-
-    def recorded(cur: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
-        scope_reads = (repo._scope_recall_rows, repo._scope_rows, repo._scope_facts, repo._memo_rows)
-        if recording[0] and query in scope_reads:
-            reads.append(query)
-        return execute(cur, query, *args, **kwargs)
-
     answer(kept, alice, QUERIES[0])
-    monkeypatch.setattr(psycopg.Cursor, "execute", recorded)
+    reads, recording = record_scope_reads(kept, monkeypatch)
     for i in range(6):
         other.store(f"Note {i}: the walrus deploy number is {1000 + i}.", caller=alice)
         expected = answer(other, alice, f"walrus deploy note {i}")

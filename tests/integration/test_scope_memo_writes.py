@@ -17,7 +17,7 @@ from haystack_osa_memory.store.facts import FactRepository
 from haystack_osa_memory.store.scope_memo import Kept, ScopeMemo
 from haystack_osa_memory.store.scope_query import ScopeQuery
 from tests.integration.test_scope_cache import FACTS, QUERIES, answer, fact, hybrid_config
-from tests.integration.test_scope_memo import exact_memory, kept_memory, memo_of, same_answers
+from tests.integration.test_scope_memo import exact_memory, kept_memory, memo_of, record_scope_reads, same_answers
 
 __all__ = ["hybrid_config"]  # the fixture, shared with test_scope_cache
 
@@ -114,17 +114,7 @@ def test_a_stores_search_reads_no_scope_rows_and_suggests_what_the_exact_path_do
         kept.store(fact(i), caller=alice)
         exact.store(fact(i), caller=bob)
     answer(kept, alice, QUERIES[0])
-    repo = repo_of(kept)
-    reads: list[bytes] = []
-    recording = [False]
-    execute = psycopg.Cursor.execute
-
-    def recorded(cur: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
-        if recording[0] and query in (repo._scope_recall_rows, repo._scope_rows, repo._scope_facts, repo._memo_rows):
-            reads.append(query)
-        return execute(cur, query, *args, **kwargs)
-
-    monkeypatch.setattr(psycopg.Cursor, "execute", recorded)
+    reads, recording = record_scope_reads(kept, monkeypatch)
     joined = memo_of(kept).joined
     for text in ("The billing service listens on port 8042.", "The search cluster runs in region us-3."):
         recording[0] = True
@@ -166,8 +156,7 @@ def test_facts_that_change_the_scope_otherwise_do_not_join(hybrid_config: Memory
         ),
     }
     for case, write in cases.items():
-        memo._entries.clear()
-        memo._facts = 0
+        memo.clear()
         answer(kept, alice, QUERIES[0])  # the rows read again, as they are now
         joined, reads = memo.joined, memo.reads
         write()
