@@ -404,6 +404,15 @@ def read(conn_str: str, config: MemoryConfig | None = None) -> Iterator[psycopg.
         yield conn
 
 
+@contextmanager
+def statement(conn_str: str, config: MemoryConfig | None = None) -> Iterator[psycopg.Connection[Any]]:
+    """A pooled connection for one statement that writes and is its own transaction (it commits alone, without
+    BEGIN / COMMIT round trips): atomic only as one statement. Database failures become :class:`DatabaseError`.
+    """
+    with _pooled(conn_str, config, atomic=False) as conn:
+        yield conn
+
+
 #: The fact scope of the running operation (org, assignment), set by :func:`fact_scope`.
 _fact_scope: ContextVar[tuple[str, str] | None] = ContextVar("osa_memory_fact_scope", default=None)
 #: The scope each pooled connection's session has set, so that it is sent only when it changes.

@@ -209,6 +209,20 @@ class PackedTerms:
         out.rows = np.concatenate([self.rows, more.rows + self.n])
         return out
 
+    def extended(self, more: PackedTerms) -> PackedTerms:
+        """`extend`, indexed: when these lexemes are, ``more``'s are merged into their index (a scope kept in
+        memory takes a fact or two at a time, and sorting all its lexemes again cost more than the rest of it).
+        The same index as `index` builds: equal hashes in the order of their lexemes."""
+        out = self.extend(more)
+        if self._order is None:
+            return out.index()
+        order = np.argsort(more.hashes, kind="stable")
+        added = more.hashes[order]
+        at = np.searchsorted(self._sorted, added, side="right")  # after equal hashes: theirs come first
+        out._order = np.insert(self._order, at, order + self.hashes.shape[0])
+        out._sorted = np.insert(self._sorted, at, added)
+        return out
+
     def head(self, n: int) -> PackedTerms:
         """The lexemes of the first ``n`` facts (unindexed): views, not copies, since each fact's lexemes follow
         the facts' before it."""

@@ -235,14 +235,15 @@ class HeldScope:
         self.has_vec = np.concatenate([self.has_vec, has])
         self.dl = np.concatenate([self.dl, np.fromiter((float(r[4]) for r in rows), np.float64, m)])
         self.scored = np.concatenate([self.scored, np.fromiter((bool(r[6]) for r in rows), bool, m)])
-        self.terms = self.terms.extend(PackedTerms([r[5] for r in rows])).index()
+        self.terms = self.terms.extended(PackedTerms([r[5] for r in rows]))
 
     def extended(self, rows: Sequence[tuple[Any, ...]]) -> HeldScope:
         """A new scope: these rows, then ``rows`` (as `append` takes them); this one is left as it is, so it
         can be ranked meanwhile. The vectors' buffer is shared while it has room past this scope's rows that
         no other scope has written (`_filled`), else copied; callers extending one scope from two threads hold
         a lock of their own (`scope_memo.ScopeMemo.written`)."""
-        new = HeldScope(self.dimension)
+        new = HeldScope.__new__(HeldScope)  # every field set here or by `append`: none of __init__'s arrays
+        new.dimension = self.dimension
         new.document_ids, new.expires = list(self.document_ids), list(self.expires)
         new._unit, new._filled = self._unit, self._filled
         new.has_vec, new.dl, new.scored, new.terms = self.has_vec, self.dl, self.scored, self.terms

@@ -283,6 +283,31 @@ def test_packed_terms_indexed_extended_and_taken_count_as_fresh_ones(seed: int) 
     assert PackedTerms.none().counts_by_term(query).shape == (len(query), 0)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_an_index_extended_is_the_index_built_afresh(seed: int) -> None:
+    """`PackedTerms.extended` merges the new facts' lexemes into the index: the same order `index` sorts (equal
+    hashes by position), one fact or several at a time, over many hashes held by several facts."""
+    rnd = random.Random(seed)
+    hashes = [rnd.getrandbits(48) for _ in range(12)]
+
+    def blob() -> bytes | None:
+        held = rnd.sample(hashes, rnd.randint(0, 6))
+        return b"".join((h * TERM_CODE + rnd.randint(1, 9)).to_bytes(8, "big") for h in held) or None
+
+    facts = [blob() for _ in range(rnd.randint(0, 20))]
+    terms = PackedTerms(facts).index()
+    for _ in range(6):
+        more = [blob() for _ in range(rnd.randint(1, 3))]
+        terms, facts = terms.extended(PackedTerms(more)), facts + more
+        fresh = PackedTerms(facts).index()
+        assert terms._order is not None
+        assert fresh._order is not None
+        assert terms._order.tolist() == fresh._order.tolist()
+        assert terms._sorted.tolist() == fresh._sorted.tolist()
+        assert terms.rows.tolist() == fresh.rows.tolist()
+    assert PackedTerms(facts).extended(PackedTerms([blob()]))._order is not None  # unindexed: indexed afresh
+
+
 @pytest.mark.parametrize("seed", range(24))
 def test_partitioned_ranks_are_the_sorted_ones(seed: int) -> None:
     """`_within` (a partition), `_rank_of` (a stable sort, or past `SORTED_RANKS_MAX` facts binary search)
