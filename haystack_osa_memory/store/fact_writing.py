@@ -84,9 +84,9 @@ UPSERT_GOVERNING_ROW = sql.SQL(
         hashtextextended(id || '/' || xmin::text, 0) AS version"""
 )
 # A fact written alone (one fact, superseding none) is one statement, run outside a transaction: it commits by
-# itself, without a BEGIN and a COMMIT round trip (~0.13 ms of a store's CPU, client and server). Holding a
-# superseded fact again takes more statements (`DETACH_SUCCESSOR`, `INHERIT_TERMS`) in the same transaction, so
-# that statement refuses such a fact (nothing written, as for another scope's) and the transaction writes it.
+# itself, without a BEGIN and a COMMIT round trip (docs/traps.md). Holding a superseded fact again takes more
+# statements (`DETACH_SUCCESSOR`, `INHERIT_TERMS`) in the same transaction, so that statement refuses such a fact
+# (nothing written, as for another scope's) and the transaction writes it.
 _ALONE = sql.SQL("\n      AND d.status <> 'superseded'")
 INSERT_AUDIT = sql.SQL(
     """INSERT INTO {mem}.audit (actor, action, org_id, assignment_id, document_id, details)
@@ -329,7 +329,9 @@ class FactWriting:
             with fact_scope(org_id, assignment_id or ""), statement(self.conn_str, self.config) as conn:
                 found = conn.execute(self._write_alone, params[0]).fetchone()
             if found is not None:
-                return self._written_alone(params[0], items[0][1]["meta"], WrittenRow(*found))
+                alone = WrittenRow(*found)
+                self._written_alone(params[0], items[0][1]["meta"], alone)
+                return [(params[0]["id"], str(alone.status))]
             # Refused, nothing written: a superseded fact held again, or another scope's id (refused below).
         with (
             fact_scope(org_id, assignment_id or ""),
@@ -372,16 +374,13 @@ class FactWriting:
             self._written_alone(params[0], items[0][1]["meta"], rows[0])
         return written
 
-    def _written_alone(
-        self, params: dict[str, Any], chunk_meta: dict[str, Any], row: WrittenRow
-    ) -> list[tuple[str, str]]:
+    def _written_alone(self, params: dict[str, Any], chunk_meta: dict[str, Any], row: WrittenRow) -> None:
         """A fact whose statement was the only one of its transaction (nothing else changed the rows it wrote:
         what it returned of them is what committed) joins its scope's rows kept (`_written`)."""
         try:
             self._written(params, chunk_meta, row)
         except Exception as e:  # the fact is stored: rows kept that miss it only cost the next print a match
             logger.warning("a stored fact did not join its scope's rows kept in memory: %s", type(e).__name__)
-        return [(params["id"], str(row.status))]
 
     def _written(self, params: dict[str, Any], chunk_meta: dict[str, Any], row: WrittenRow) -> None:
         """After one fact's write committed, the only statement of its transaction that touched its rows:

@@ -211,8 +211,8 @@ class PackedTerms:
 
     def extended(self, more: PackedTerms) -> PackedTerms:
         """`extend`, indexed: when these lexemes are, ``more``'s are merged into their index (a scope kept in
-        memory takes a fact or two at a time, and sorting all its lexemes again cost more than the rest of it).
-        The same index as `index` builds: equal hashes in the order of their lexemes."""
+        memory takes a fact or two at a time, and sorting all its lexemes again grows with the scope). The same
+        index as `index` builds: equal hashes in the order of their lexemes."""
         out = self.extend(more)
         if self._order is None:
             return out.index()
