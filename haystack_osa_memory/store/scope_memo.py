@@ -84,13 +84,13 @@ _RECALL_ROWS = sql.SQL(
 )
 # The chunks of the scope's facts (the chunk whose id is the fact's, as the writer stores it), each with its
 # version and the columns named in ``columns``: the text a recall returns is kept with the rows, so a chunk
-# rewritten in place changes the print too. Probed by primary key, one fact at a time (a fenced LATERAL, as
-# `candidates.SCOPE_FACTS` reads them): joined freely, the planner may hash the whole chunk table.
+# rewritten in place changes the print too. Read by primary key, all ids in one array: joined freely, the
+# planner may hash the whole chunk table; the array is one index scan, where a probe per fact (a fenced
+# LATERAL) walked the index from its root for each one.
 _CHUNKS = sql.SQL(
     """c AS MATERIALIZED (
-    SELECT c.document_id, c.version{columns} FROM m,
-        LATERAL (SELECT c.id AS document_id, c.xmin::text AS version, c.content, c.meta FROM {schema}.{chunk} c
-                 WHERE c.id = m.document_id OFFSET 0) c
+    SELECT c.id AS document_id, c.xmin::text AS version{columns} FROM {schema}.{chunk} c
+    WHERE c.id = ANY(ARRAY(SELECT m.document_id FROM m))
 )"""
 )
 # How many rows ``{rows}`` holds and the sum of a hash of each one's id and version (a write makes a new one).
@@ -121,7 +121,8 @@ ORDER BY m.seq, m.created_at, m.document_id"""
 )
 # The facts of the scope stored past ``since`` (their `seq`), with `MEMO_ROWS`' columns and the hashes each adds
 # to the print: what other processes stored since the rows kept were read. Their recall rows (with the scope's
-# condition the print's have) and chunks are read by primary key, one fact at a time (fenced, as `_CHUNKS`).
+# condition the print's have) and chunks are read by primary key, one fact at a time (fenced LATERALs: never joined
+# freely, see `_CHUNKS`; they are few).
 MEMO_SINCE = sql.SQL(
     """SELECT m.document_id, m.expires_at, m.seq, vector_send(t.embedding), t.dl::float8, t.terms, m.scored,
        (t.document_id IS NOT NULL AND t.recall_hash = m.content_hash AND t.language = %(language)s::text
