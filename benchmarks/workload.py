@@ -123,12 +123,13 @@ def caller_of(assignment: int) -> Caller:
     return Caller(org_id=f"load-org-{assignment % 2}", assignment_id=f"asg-{assignment:03d}", specialist_id="s")
 
 
-def cluster_cpu_s(postmaster: int | None) -> float:
-    """CPU seconds of the database cluster: its postmaster and that process's children (/proc); 0 without one."""
+def cluster_cpu(postmaster: int | None) -> dict[int, float]:
+    """CPU seconds so far of each process of the database cluster, by pid: its postmaster and that process's
+    children (/proc); empty without one."""
     if postmaster is None:
-        return 0.0
+        return {}
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
+    spent: dict[int, float] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -138,8 +139,15 @@ def cluster_cpu_s(postmaster: int | None) -> float:
             continue
         fields = stat.rsplit(")", 1)[1].split()
         if int(entry) == postmaster or int(fields[1]) == postmaster:
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+            spent[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    return spent
+
+
+def cluster_cpu_spent(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds the cluster spent between two `cluster_cpu` samples. A process started meanwhile counts whole;
+    one that ended meanwhile (a closed connection, an autovacuum worker) is missed: subtracting the totals would
+    take its whole life's CPU off the block, and a short block then came out negative."""
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
 
 
 def add_block_arguments(
@@ -201,10 +209,10 @@ def alternating_blocks(
     def run(way: bool, calls: int) -> BlockCpu:
         if switch is not None:
             switch(way)
-        db, cpu = cluster_cpu_s(postmaster), time.process_time()
+        db, cpu = cluster_cpu(postmaster), time.process_time()
         for _ in range(calls):
             call(way)
-        return (time.process_time() - cpu) / max(calls, 1) * 1000, (cluster_cpu_s(postmaster) - db) / max(
+        return (time.process_time() - cpu) / max(calls, 1) * 1000, cluster_cpu_spent(db, cluster_cpu(postmaster)) / max(
             calls, 1
         ) * 1000
 
