@@ -67,7 +67,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the 
 
 from benchmarks.harness import database, machine_info, percentiles, postmaster_pid
 from benchmarks.profile_shares import RATE, file_shares, format_table, start_recording
-from benchmarks.workload import fact_text, query_text, tag
+from benchmarks.workload import cpu_spent, fact_text, query_text, tag
 from benchmarks.wrk_driver import WrkResult, remove_worktree, run_wrk, worktree
 from haystack_osa_memory import Caller, Memory, MemoryConfig
 from haystack_osa_memory.store.schema import ensure_schema
@@ -264,9 +264,8 @@ class RssSampler(threading.Thread):
 
     @staticmethod
     def spent(before: dict[tuple[str, int], float], after: dict[tuple[str, int], float], kind: str) -> float:
-        """CPU seconds of ``kind`` between two samples (processes that started meanwhile count whole;
-        those that ended meanwhile, e.g. closed connections, are missed)."""
-        return sum(v - before.get(k, 0.0) for k, v in after.items() if k[0] == kind)
+        """CPU seconds of ``kind`` between two samples (`cpu_spent`)."""
+        return cpu_spent(before, {k: v for k, v in after.items() if k[0] == kind})
 
     def run(self) -> None:
         while not self._stop_event.wait(0.5):

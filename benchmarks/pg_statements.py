@@ -28,7 +28,7 @@ import psycopg
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds the package
 
 from benchmarks.harness import machine_info
-from benchmarks.workload import cluster_cpu, cluster_cpu_spent, seeded_calls
+from benchmarks.workload import cluster_cpu, cpu_spent, seeded_calls
 from haystack_osa_memory.store.database import start_embedded, stop_embedded
 
 PRELOAD = (
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         db, cpu = cluster_cpu(postmaster), time.process_time()
         for n in range(args.warmup, args.warmup + args.calls):
             call(n)
-        cluster_ms = cluster_cpu_spent(db, cluster_cpu(postmaster)) / args.calls * 1000
+        cluster_ms = cpu_spent(db, cluster_cpu(postmaster)) / args.calls * 1000
         process_ms = (time.process_time() - cpu) / args.calls * 1000
         with psycopg.connect(uri, autocommit=True) as conn:
             rows = conn.execute(STATEMENTS).fetchall()

@@ -15,10 +15,10 @@ import random
 import statistics
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from benchmarks.harness import database, fresh_schema, machine_info, postmaster_pid
 from haystack_osa_memory import (
@@ -143,11 +143,16 @@ def cluster_cpu(postmaster: int | None) -> dict[int, float]:
     return spent
 
 
-def cluster_cpu_spent(before: dict[int, float], after: dict[int, float]) -> float:
-    """CPU seconds the cluster spent between two `cluster_cpu` samples. A process started meanwhile counts whole;
-    one that ended meanwhile (a closed connection, an autovacuum worker) is missed: subtracting the totals would
-    take its whole life's CPU off the block, and a short block then came out negative."""
-    return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
+#: A sample's key: a pid (`cluster_cpu`), or whatever else names a process.
+K = TypeVar("K")
+
+
+def cpu_spent(before: Mapping[K, float], after: Mapping[K, float]) -> float:
+    """CPU seconds spent between two samples of processes' CPU so far (`cluster_cpu`'s, or keyed otherwise). A
+    process started meanwhile counts whole; one that ended meanwhile (a closed connection, an autovacuum worker)
+    is missed: subtracting the totals would take its whole life's CPU off, and a short block then came out
+    negative."""
+    return sum(seconds - before.get(key, 0.0) for key, seconds in after.items())
 
 
 def add_block_arguments(
@@ -212,7 +217,7 @@ def alternating_blocks(
         db, cpu = cluster_cpu(postmaster), time.process_time()
         for _ in range(calls):
             call(way)
-        return (time.process_time() - cpu) / max(calls, 1) * 1000, cluster_cpu_spent(db, cluster_cpu(postmaster)) / max(
+        return (time.process_time() - cpu) / max(calls, 1) * 1000, cpu_spent(db, cluster_cpu(postmaster)) / max(
             calls, 1
         ) * 1000
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks.workload import cluster_cpu, cluster_cpu_spent
+from benchmarks.workload import cluster_cpu, cpu_spent
 
 # Burns ``argv[1]`` seconds of CPU, then waits for its standard input to close.
 BURN = (
@@ -37,7 +37,7 @@ def test_a_process_that_ended_between_two_samples_is_missed_not_taken_off() -> N
     assert child.pid in before
     assert child.pid not in after
     assert sum(after.values()) - sum(before.values()) < 0  # the totals' difference took its whole life off
-    assert 0 <= cluster_cpu_spent(before, after) < 0.3
+    assert 0 <= cpu_spent(before, after) < 0.3
 
 
 def test_a_process_started_between_two_samples_counts_whole() -> None:
@@ -46,11 +46,11 @@ def test_a_process_started_between_two_samples_counts_whole() -> None:
     try:
         after = cluster_cpu(os.getpid())
         assert child.pid not in before
-        assert cluster_cpu_spent(before, after) >= after[child.pid] >= 0.24
+        assert cpu_spent(before, after) >= after[child.pid] >= 0.24
     finally:
         child.communicate(b"")
 
 
 def test_no_cluster_no_cpu() -> None:
     assert cluster_cpu(None) == {}
-    assert cluster_cpu_spent({}, {}) == 0
+    assert cpu_spent({}, {}) == 0
