@@ -224,12 +224,16 @@ class PackedTerms:
         return out
 
     def head(self, n: int) -> PackedTerms:
-        """The lexemes of the first ``n`` facts (unindexed): views, not copies, since each fact's lexemes follow
-        the facts' before it."""
+        """The lexemes of the first ``n`` facts: views, not copies, since each fact's lexemes follow the facts'
+        before it; indexed when these are (their index without the later facts' lexemes: the same index as
+        `index` builds, in a pass instead of a sort, so `extended` can merge into it)."""
         at = int(np.searchsorted(self.rows, n))
         out = PackedTerms.none()
         out.n = n
         out.often, out.hashes, out.rows = self.often[:at], self.hashes[:at], self.rows[:at]
+        if self._order is not None:
+            earlier = self._order < at
+            out._order, out._sorted = self._order[earlier], self._sorted[earlier]
         return out
 
     def indexed(self) -> PackedTerms:

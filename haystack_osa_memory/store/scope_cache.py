@@ -253,7 +253,7 @@ class HeldScope:
 
     def head(self, n: int) -> HeldScope:
         """A new scope of these rows' first ``n`` (this one itself when that is all of them), this one left as it
-        is, for `extended` (its lexemes are not indexed: ``terms.indexed()`` before ranking it alone). It shares
+        is, for `extended` (its lexemes indexed when these are: `PackedTerms.head`). It shares
         the vectors' buffer: extending it copies them first, since rows past its own are this one's
         (`_filled`)."""
         if n == len(self):
@@ -262,7 +262,7 @@ class HeldScope:
         new.document_ids, new.expires = self.document_ids[:n], self.expires[:n]
         new._unit, new._filled = self._unit, self._filled
         new.has_vec, new.dl, new.scored = self.has_vec[:n], self.dl[:n], self.scored[:n]
-        new.terms = self.terms.head(n)  # unindexed: `append` indexes what it extends
+        new.terms = self.terms.head(n)
         new.check, new.read_at = self.check, self.read_at
         return new
 

@@ -491,7 +491,7 @@ def _caught_up(base: Kept, read: Read, scope: HeldScope, rows: Sequence[tuple[An
         return None
     joined = set(scope.document_ids[read.rows :])
     held = scope.head(read.rows).extended([r[:7] for r in rows])
-    held.terms = held.terms.indexed()  # none past the rows read: `extended` indexed nothing
+    held.terms = held.terms.indexed()  # no facts since: `extended` left the head as it was
     details = {k: v for k, v in base.details.items() if k not in joined}
     details.update((r[0], r[8:12]) for r in rows)
     seqs = [s for s in (read.seq, *(r[2] for r in rows)) if s is not None]

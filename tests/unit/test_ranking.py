@@ -306,6 +306,17 @@ def test_an_index_extended_is_the_index_built_afresh(seed: int) -> None:
         assert terms._sorted.tolist() == fresh._sorted.tolist()
         assert terms.rows.tolist() == fresh.rows.tolist()
     assert PackedTerms(facts).extended(PackedTerms([blob()]))._order is not None  # unindexed: indexed afresh
+    # The first n facts of an indexed scope keep their part of its index (`head`), which later facts merge into.
+    n = rnd.randint(0, len(facts))
+    head, fresh = terms.head(n), PackedTerms(facts[:n]).index()
+    assert head._order is not None
+    assert head._order.tolist() == fresh._order.tolist()
+    assert head._sorted.tolist() == fresh._sorted.tolist()
+    more = [blob() for _ in range(rnd.randint(1, 3))]
+    grown, fresh = head.extended(PackedTerms(more)), PackedTerms(facts[:n] + more).index()
+    assert grown._order is not None
+    assert grown._order.tolist() == fresh._order.tolist()
+    assert grown._sorted.tolist() == fresh._sorted.tolist()
 
 
 @pytest.mark.parametrize("seed", range(24))
