@@ -232,8 +232,8 @@ def since_part(args: argparse.Namespace) -> dict[str, Any]:
 
             memo.route = recorded  # type: ignore[method-assign]
 
-        def not_caught_up(memo: Any, key: tuple[str, str], now: Any) -> Any:  # the way before
-            way = type(memo).current(memo, key, now)
+        def not_caught_up(memo: Any, key: tuple[str, str], now: Any, at: float) -> Any:  # the way before
+            way = type(memo).current(memo, key, now, at)
             if way != "since":
                 return way
             with memo._lock:
@@ -246,7 +246,7 @@ def since_part(args: argparse.Namespace) -> dict[str, Any]:
                 if caught_up:
                     memo.__dict__.pop("current", None)
                 else:
-                    memo.current = lambda key, now, memo=memo: not_caught_up(memo, key, now)
+                    memo.current = lambda key, now, at, memo=memo: not_caught_up(memo, key, now, at)
                 memo.clear()
             running[0] = caught_up
 

@@ -93,7 +93,7 @@ from haystack_osa_memory.store.recall_rows import (
 )
 from haystack_osa_memory.store.scope_cache import Check, HeldScope, ScopeCache, governing_row_by_id
 from haystack_osa_memory.store.scope_cache import Statements as CacheStatements
-from haystack_osa_memory.store.scope_memo import MEMO_MAX_FACTS, Kept, Print, ScopeMemo
+from haystack_osa_memory.store.scope_memo import MEMO_MAX_FACTS, PRINT_COLUMNS, Kept, Print, ScopeMemo, written_validity
 from haystack_osa_memory.store.scope_memo import Statements as MemoStatements
 from haystack_osa_memory.store.scope_query import (
     CONTEXT_STATUSES,
@@ -290,7 +290,7 @@ class FactRepository(FactWriting, BigScopes):
         #: Scopes within `exact_scope_max` whose rows are kept while their print is unchanged (`scope_memo`).
         memo_facts = min(MEMO_MAX_FACTS, config.scope_cache_facts)
         self.scope_memo = ScopeMemo(memo_facts, config.embedding_dimension) if memo_facts else None
-        memo = MemoStatements.compose(names, VALID_AT, QUERY_TERMS)
+        memo = MemoStatements.compose(names, QUERY_TERMS)
         self._memo_print, self._memo_rows = rendered(memo.print), rendered(memo.rows)
         self._memo_since = rendered(memo.since)
         self._statistics_checked = -math.inf
@@ -358,6 +358,7 @@ class FactRepository(FactWriting, BigScopes):
             route = memo.route(key) if usual and memo is not None and size.facts <= self.exact_scope_max else "exact"
             seen = Check(0, 0, 0)
             printed: Print | None = None
+            at = 0.0  # the time the facts must hold at, read with the print
             if held_here:
                 # The query's lexemes and the held scope's check in one round trip.
                 row = cur.execute(self._held_terms_check, {**params, "query": query}).fetchone()
@@ -369,7 +370,7 @@ class FactRepository(FactWriting, BigScopes):
                 row = cur.execute(self._memo_print, {**params, "query": query}).fetchone()
                 assert row is not None  # as above
                 lexemes, query_terms = list(row[0]), list(row[1])
-                printed = Print.of(*row[2:])
+                printed, at = Print.of(*row[2 : 2 + PRINT_COLUMNS]), float(row[2 + PRINT_COLUMNS])
             elif (
                 route == "exact"
                 and size.facts <= self.exact_scope_max
@@ -389,9 +390,9 @@ class FactRepository(FactWriting, BigScopes):
                     cur, params, query_terms, size, ranking, embedding is not None, boost_terms=boost_terms
                 )
             if route != "exact" and memo is not None:
-                kept = memo.current(key, printed) if printed is not None else route
+                kept = memo.current(key, printed, at) if printed is not None else route
                 if kept == "since" and printed is not None:  # changed: the facts stored since, if that is all
-                    kept = memo.caught_up(cur, self._memo_since, params, printed)
+                    kept = memo.caught_up(cur, self._memo_since, params, printed, at)
                 if kept == "exact":  # changed otherwise
                     return self._exact_hits(cur, params, query, ranking, boost)
                 if kept == "rows":
@@ -458,8 +459,10 @@ class FactRepository(FactWriting, BigScopes):
         matches."""
         memo = self.scope_memo
         expires_at = row.metadata.get("expires_at")
+        validity = written_validity(row.metadata, row.created_at)
         if (
             memo is None
+            or validity is None
             or not params.get("assignment_id")
             or row.status not in self.config.admitted_statuses
             or params.get("audience") != FACT_AUDIENCE
@@ -474,6 +477,7 @@ class FactRepository(FactWriting, BigScopes):
             Print.of_new_fact(row.version),
             (row.id, expires_at, row.seq, row.vector, row.dl, row.terms, True),
             (str(params["content"]), row.metadata, row.created_at, row.updated_at),
+            validity,
         )
 
     def cosines_to(self, document_id: str, others: Sequence[str], org_id: str) -> dict[str, float]:

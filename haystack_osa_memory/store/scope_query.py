@@ -26,12 +26,13 @@ CONTEXT_STATUSES: tuple[str, ...] = (CONSOLIDATED,)
 # (set by supersession or by the caller). ``%(valid_at)s`` NULL means any time; ``%(history)s`` admits
 # facts that held at any time up to ``valid_at`` (recall with ``include_superseded``).
 VALID_FROM = sql.SQL("coalesce((g.metadata->>'valid_from')::timestamptz, g.created_at)")
+VALID_TO = sql.SQL("coalesce((g.metadata->>'valid_to')::timestamptz, 'infinity')")
 VALID_AT = sql.SQL(
     """(%(valid_at)s::timestamptz IS NULL
-     OR (coalesce((g.metadata->>'valid_from')::timestamptz, g.created_at) <= %(valid_at)s::timestamptz
+     OR ({valid_from} <= %(valid_at)s::timestamptz
          AND (%(history)s::boolean
-              OR coalesce((g.metadata->>'valid_to')::timestamptz, 'infinity') > %(valid_at)s::timestamptz)))"""
-)
+              OR {valid_to} > %(valid_at)s::timestamptz)))"""
+).format(valid_from=VALID_FROM, valid_to=VALID_TO)
 
 #: When the facts must hold (`VALID_AT`): a time, ``"now"`` (PostgreSQL's transaction time) or ``None`` (any time).
 ValidAt = datetime | Literal["now"] | None

@@ -1,7 +1,7 @@
 """A small assignment's rows kept in memory (`store/scope_memo.py`) give the exact path's answers, text and
 metadata included, and every change the exact path would see is seen by the next recall: a fact stored,
-forgotten, superseded or approved by another process, a fact whose validity begins while nothing is written, a
-recall row, an expiry, a text or a topic rewritten by hand. A scope with a fact that has no recall row or no
+forgotten, superseded or approved by another process, a fact whose validity begins or ends while nothing is
+written, a recall row, an expiry, a text or a topic rewritten by hand. A scope with a fact that has no recall row or no
 chunk of its own takes the exact path; metadata kept is handed out as a copy; scopes are kept apart; and a
 scope written between its recalls stops reading its print (`MAX_SKIPS`)."""
 
@@ -164,6 +164,29 @@ def test_a_fact_whose_validity_begins_is_recalled_without_a_write(
     assert answer(kept, alice, query)[0][0] == soon
     assert memo.changed == changed + 1
     same_answers(kept, hybrid_config, alice, (query,))
+
+
+def test_a_fact_whose_validity_ends_is_not_recalled_without_a_write(
+    hybrid_config: MemoryConfig, alice: Caller, stored: list[str]
+) -> None:
+    kept = kept_memory(hybrid_config)
+    end = datetime.now(UTC) + timedelta(seconds=2)
+    since = datetime.now(UTC) - timedelta(hours=1)
+    brief = kept.store("The quokka freeze lasts until noon.", valid_from=since, valid_to=end, caller=alice)
+    query = "quokka freeze"
+    answer(kept, alice, query)  # the store changed the scope: the print is skipped, then the rows read again
+    memo = memo_of(kept)
+    memo._entries[(alice.org_id, alice.assignment_id)].skips = 0
+    hits = memo.hits
+    assert answer(kept, alice, query)[0][0] == brief["document_id"]
+    assert answer(kept, alice, query)[0][0] == brief["document_id"]
+    assert memo.hits == hits + 2  # answered from the rows kept while it holds
+    time.sleep(max(0.0, (end - datetime.now(UTC)).total_seconds()) + 0.2)
+    # Nothing was written: the print is the same, but the rows kept no longer are the ones that hold.
+    changed = memo.changed
+    assert brief["document_id"] not in [a[0] for a in answer(kept, alice, query)]
+    assert memo.changed == changed + 1
+    same_answers(kept, hybrid_config, alice, (query, *QUERIES))
 
 
 def test_recall_rows_and_expiry_rewritten_by_hand_are_seen(

@@ -6,6 +6,7 @@ the print it makes with them, waiting until a print matches, unless it would not
 
 from __future__ import annotations
 
+import math
 import struct
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -20,15 +21,24 @@ from haystack_osa_memory.store.scope_memo import MAX_SKIPS, Kept, Print, ScopeMe
 DIM = 4
 
 
-def rows_of(facts: int, total: int, *, usable: bool = True) -> list[tuple[Any, ...]]:
+#: The time recalls ask facts to hold at (microseconds since the epoch), and a fact's validity that holds always.
+AT = 1.8e15
+ALWAYS = (0.0, math.inf)
+
+
+def rows_of(
+    facts: int, total: int, *, usable: bool = True, validity: list[tuple[float, float]] | None = None
+) -> list[tuple[Any, ...]]:
     """`MEMO_ROWS`' columns: the print (`printed`), then id, expiry, seq, vector (pgvector's binary form), dl,
-    terms, scored, usable, content, metadata, created_at, updated_at."""
+    terms, scored, usable, content, metadata, created_at, updated_at, valid from, valid to (``validity``, by
+    default always), then the read's time (`AT`)."""
     vector = struct.pack(">hh4f", DIM, 0, 1.0, 0.0, 0.0, 0.0)
     head = (facts, Decimal(total), facts, Decimal(total), facts, Decimal(total))
-    at = datetime(2026, 12, 5, tzinfo=UTC)
+    t, meta = datetime(2026, 12, 5, tzinfo=UTC), {"topic": "t"}
+    valid = validity or [ALWAYS] * facts
     return [
-        (*head, f"d{i}", None, i + 1, vector, 3.0, b"", True, usable or i > 0, f"fact {i}", {"topic": "t"}, at, at)
-        for i in range(facts)
+        (*head, f"d{i}", None, i + 1, vector, 3.0, b"", True, usable or i > 0, f"fact {i}", meta, t, t, *v, AT)
+        for i, v in enumerate(valid)
     ]
 
 
@@ -58,17 +68,17 @@ def read(memo: ScopeMemo, key: tuple[str, str], rows: list[tuple[Any, ...]]) -> 
 def since_rows(facts: list[tuple[tuple[Any, ...], Any, int]]) -> list[tuple[Any, ...]]:
     """`MEMO_SINCE`'s rows: each fact's `MEMO_ROWS` columns (``facts``: the row and detail `joining` gives, and the
     hash it adds to the print)."""
-    return [(*row, True, *detail, h, h, h) for row, detail, h in facts]
+    return [(*row, True, *detail, h, h, h, *ALWAYS) for row, detail, h in facts]
 
 
 def miss(memo: ScopeMemo, key: tuple[str, str], now: Print, *facts: tuple[tuple[Any, ...], Any, int]) -> Any:
     """A recall's print ``now`` against the rows kept, as `FactRepository` takes it: when they changed, the facts
     stored since (``facts``) are read."""
-    route = memo.current(key, now)
+    route = memo.current(key, now, AT)
     if route != "since":
         return route
     cursor = Rows(since_rows(list(facts)))
-    return memo.caught_up(cursor, b"", {"org_id": key[0], "assignment_id": key[1]}, now)  # type: ignore[arg-type]
+    return memo.caught_up(cursor, b"", {"org_id": key[0], "assignment_id": key[1]}, now, AT)  # type: ignore[arg-type]
 
 
 def caught_up(
@@ -94,8 +104,8 @@ def test_kept_rows_answer_while_the_print_is_the_same() -> None:
     assert kept.scope is not None
     assert kept.scope.document_ids == ["d0", "d1", "d2"]
     assert memo.route(key) == "print"
-    assert memo.current(key, printed(3, 7)) is kept
-    assert memo.current(("acme", "a2"), printed(3, 7)) == "rows"  # another scope: never these rows
+    assert memo.current(key, printed(3, 7), AT) is kept
+    assert memo.current(("acme", "a2"), printed(3, 7), AT) == "rows"  # another scope: never these rows
     assert (memo.reads, memo.hits, memo.changed) == (1, 1, 0)
 
 
@@ -114,7 +124,7 @@ def test_a_changing_scope_takes_the_exact_path_skipping_the_print_doubling_up_to
     skipped = []
     for n in range(7):
         assert memo.route(key) == "print"
-        assert memo.current(key, printed(3, 100 + n)) == "since"  # changed since the last print: what changed?
+        assert memo.current(key, printed(3, 100 + n), AT) == "since"  # changed since the last print: what changed?
         # Not a fact stored since the rows were read (the print does not add up): the exact path.
         assert miss(memo, key, printed(3, 100 + n)) == "exact"
         skipped.append(skips(memo, key))
@@ -122,10 +132,10 @@ def test_a_changing_scope_takes_the_exact_path_skipping_the_print_doubling_up_to
     assert MAX_SKIPS == 16
     assert memo.reads == 1  # never read again while it changes
     # Two prints in a row agree: read the rows again; then they answer, and the streak ends.
-    assert memo.current(key, printed(3, 106)) == "rows"
+    assert memo.current(key, printed(3, 106), AT) == "rows"
     read(memo, key, rows_of(3, 106))
     assert memo.route(key) == "print"
-    assert memo.current(key, printed(3, 106)) is not None
+    assert memo.current(key, printed(3, 106), AT) is not None
     assert miss(memo, key, printed(4, 106)) == "exact"
     assert skips(memo, key) == 1  # one skip again
     assert (memo.reads, memo.hits, memo.changed, memo.caught) == (2, 1, 16, 0)
@@ -150,7 +160,7 @@ def test_the_least_recently_used_scope_goes_first() -> None:
     memo = ScopeMemo(max_facts=5, dimension=DIM)
     read(memo, ("acme", "a1"), rows_of(2, 1))
     read(memo, ("acme", "a2"), rows_of(2, 2))
-    assert memo.current(("acme", "a1"), printed(2, 1)) is not None  # a1 used last
+    assert memo.current(("acme", "a1"), printed(2, 1), AT) is not None  # a1 used last
     read(memo, ("acme", "a3"), rows_of(2, 3))  # 6 facts: one scope out
     assert memo.route(("acme", "a2")) == "rows"
     assert memo.route(("acme", "a1")) == "print"
@@ -184,8 +194,8 @@ def test_a_written_fact_joins_at_the_print_it_makes_and_leaves_the_rows_before_i
     before = read(memo, key, rows_of(3, 7))
     assert memo.route(key) == "print"
     row, detail = joining(9)
-    assert memo.written(key, Print.of_new_fact(5), row, detail)
-    joined = memo.current(key, Print(4, 12, 4, 12, 4, 12))
+    assert memo.written(key, Print.of_new_fact(5), row, detail, ALWAYS)
+    joined = memo.current(key, Print(4, 12, 4, 12, 4, 12), AT)
     assert not isinstance(joined, str)
     assert joined.scope is not None
     assert before.scope is not None
@@ -208,12 +218,13 @@ def test_a_written_fact_joins_at_the_print_it_makes_and_leaves_the_rows_before_i
 def test_a_written_fact_does_not_join_rows_that_it_would_not_end() -> None:
     memo = ScopeMemo(max_facts=100, dimension=DIM)
     key = ("acme", "a1")
-    assert not memo.written(key, Print.of_new_fact(5), *joining(9))  # nothing kept
+    assert not memo.written(key, Print.of_new_fact(5), *joining(9), ALWAYS)  # nothing kept
     read(memo, key, rows_of(3, 7))  # seqs 1 to 3
-    assert not memo.written(key, Print.of_new_fact(5), *joining(2))  # stored before the last row kept
-    assert not memo.written(key, Print.of_new_fact(5), ("d1", *joining(9)[0][1:]), joining(9)[1])  # kept already
+    assert not memo.written(key, Print.of_new_fact(5), *joining(2), ALWAYS)  # stored before the last row kept
+    held = ("d1", *joining(9)[0][1:])
+    assert not memo.written(key, Print.of_new_fact(5), held, joining(9)[1], ALWAYS)  # kept already
     assert miss(memo, key, Print(4, 12, 4, 12, 4, 12)) == "exact"  # changed otherwise: skips its print now
-    assert not memo.written(key, Print.of_new_fact(5), *joining(9))
+    assert not memo.written(key, Print.of_new_fact(5), *joining(9), ALWAYS)
     assert memo.joined == 0
 
 
@@ -230,7 +241,7 @@ def test_facts_stored_elsewhere_are_caught_up_with_and_nothing_else_read() -> No
     assert caught.last_seq == 6
     assert caught.read is not None
     assert (caught.read.print, caught.read.seq, caught.read.rows) == (now, 6, 5)
-    assert memo.current(key, now) is caught  # kept: the next recalls read the print alone
+    assert memo.current(key, now, AT) is caught  # kept: the next recalls read the print alone
     assert memo.route(key) == "print"  # no skipping: the change was caught up with
     assert (memo.reads, memo.caught, memo.changed, memo.hits) == (1, 1, 1, 1)
     assert memo._facts == 5
@@ -241,8 +252,8 @@ def test_facts_joined_are_read_again_with_those_stored_elsewhere_in_storing_orde
     memo = ScopeMemo(max_facts=100, dimension=DIM)
     key = ("acme", "a1")
     read(memo, key, rows_of(3, 7))
-    assert memo.written(key, Print.of_new_fact(5), *joining(9))  # this process's fact joins (seq 9)
-    joined = memo.current(key, printed(3, 7) + Print.of_new_fact(5))
+    assert memo.written(key, Print.of_new_fact(5), *joining(9), ALWAYS)  # this process's fact joins (seq 9)
+    joined = memo.current(key, printed(3, 7) + Print.of_new_fact(5), AT)
     assert not isinstance(joined, str)
     # Another process stored seq 8 meanwhile: its print counts both; the rows read are caught up with both.
     now = printed(3, 7) + Print.of_new_fact(4) + Print.of_new_fact(5)
@@ -261,23 +272,23 @@ def test_a_fact_joined_that_left_is_not_kept_and_a_change_that_does_not_add_up_i
     memo = ScopeMemo(max_facts=100, dimension=DIM)
     key = ("acme", "a1")
     read(memo, key, rows_of(3, 7))
-    assert memo.written(key, Print.of_new_fact(5), *joining(9))
+    assert memo.written(key, Print.of_new_fact(5), *joining(9), ALWAYS)
     # The joined fact left the scope (retired elsewhere) and another came: only the other is past the rows read.
     caught, held = caught_up(memo, key, printed(3, 7) + Print.of_new_fact(4), stored(10, 4))
     assert held.document_ids == ["d0", "d1", "d2", "new10"]
     assert "new9" not in caught.details
     # A fact read before changed too (the print misses by more than the facts past the rows): the exact path.
     assert miss(memo, key, printed(4, 7) + Print.of_new_fact(3), stored(11, 3)) == "exact"
-    assert memo.current(key, printed(4, 7) + Print.of_new_fact(3)) == "rows"  # the same change again: read
+    assert memo.current(key, printed(4, 7) + Print.of_new_fact(3), AT) == "rows"  # the same change again: read
     # A fact past the rows without a usable recall row: the exact path too.
     memo = ScopeMemo(max_facts=100, dimension=DIM)
     read(memo, key, rows_of(3, 7))
     now = printed(3, 7) + Print.of_new_fact(4)
-    assert memo.current(key, now) == "since"
+    assert memo.current(key, now, AT) == "since"
     rows = since_rows([stored(10, 4)])
     rows[0] = (*rows[0][:7], False, *rows[0][8:])  # usable
     params = {"org_id": "acme", "assignment_id": "a1"}
-    assert memo.caught_up(Rows(rows), b"", params, now) == "exact"  # type: ignore[arg-type]
+    assert memo.caught_up(Rows(rows), b"", params, now, AT) == "exact"  # type: ignore[arg-type]
     assert memo.caught == 0
 
 
@@ -289,7 +300,7 @@ def test_catching_up_again_and_again_keeps_the_vectors_buffer_within_twice_the_r
     for seq in range(10, 400, 2):
         # This process's fact joins (its buffer shared), then another's comes before it is read: each catch-up
         # copies the vectors (rows past the rows read are the joined ones').
-        assert memo.written(key, Print.of_new_fact(seq + 1), *joining(seq + 1))
+        assert memo.written(key, Print.of_new_fact(seq + 1), *joining(seq + 1), ALWAYS)
         now = now + Print.of_new_fact(seq) + Print.of_new_fact(seq + 1)
         caught = miss(memo, key, now, stored(seq, seq), stored(seq + 1, seq + 1))
         assert not isinstance(caught, str)
@@ -304,13 +315,13 @@ def test_a_fact_joined_waits_for_a_print_that_matches_and_one_that_misses_reads_
     key = ("acme", "a1")
     read(memo, key, rows_of(3, 7))
     before = memo._entries[key].kept
-    assert memo.written(key, Print.of_new_fact(5), *joining(9))
+    assert memo.written(key, Print.of_new_fact(5), *joining(9), ALWAYS)
     waiting = memo._entries[key].kept
     assert waiting.scope is before.scope  # not extended yet
     assert len(waiting) == 4
     assert memo._facts == 4
     assert waiting.print == printed(3, 7) + Print.of_new_fact(5)
-    assert not memo.written(key, Print.of_new_fact(5), *joining(9))  # pending already
+    assert not memo.written(key, Print.of_new_fact(5), *joining(9), ALWAYS)  # pending already
     # Another process stored seq 8 meanwhile: the print misses, both are read, the rows read extended in place.
     now = printed(3, 7) + Print.of_new_fact(4) + Print.of_new_fact(5)
     caught, held = caught_up(memo, key, now, stored(8, 4), stored(9, 5))
@@ -320,3 +331,63 @@ def test_a_fact_joined_waits_for_a_print_that_matches_and_one_that_misses_reads_
     assert caught.pending == ()
     assert before.scope.document_ids == ["d0", "d1", "d2"]
     assert memo._facts == 5
+
+
+def test_rows_kept_are_those_that_hold_until_one_starts_or_stops_holding() -> None:
+    memo = ScopeMemo(max_facts=100, dimension=DIM)
+    key = ("acme", "a1")
+    later, sooner = AT + 5_000_000, AT + 2_000_000
+    # d1 held until before the read; d2 holds from later; d3 until sooner.
+    validity = [ALWAYS, (0.0, AT), (later, math.inf), (0.0, sooner), (AT, math.inf)]
+    kept = read(memo, key, rows_of(5, 7, validity=validity))
+    assert kept.scope is not None
+    assert kept.scope.document_ids == ["d0", "d3", "d4"]
+    assert kept.window == (AT, sooner)
+    assert kept.last_seq == 5  # rows that do not hold were read too: only facts past them are new
+    assert memo.current(key, printed(5, 7), AT + 1) is kept
+    assert memo.current(key, printed(5, 7), AT - 1) == "since"  # before the read: not known to be the same
+    # The same print once d3 stops holding: not these rows; nothing was stored since, but the rows read do not
+    # hold, so the exact path, and the rows are read again at the next print.
+    assert memo.current(key, printed(5, 7), sooner) == "since"
+    params = {"org_id": "acme", "assignment_id": "a1"}
+    assert memo.caught_up(Rows([]), b"", params, printed(5, 7), sooner) == "exact"  # type: ignore[arg-type]
+    assert skips(memo, key) == 1
+    assert memo.current(key, printed(5, 7), sooner) == "rows"
+
+
+def test_a_fact_that_does_not_hold_yet_waits_outside_the_rows_caught_up_with() -> None:
+    memo = ScopeMemo(max_facts=100, dimension=DIM)
+    key = ("acme", "a1")
+    read(memo, key, rows_of(3, 7))
+    later = AT + 1_000_000
+    # Written with a validity that starts later: it joins, but the rows kept are not the ones that hold now.
+    row, detail = joining(9)
+    assert memo.written(key, Print.of_new_fact(5), row, detail, (later, math.inf))
+    now = printed(3, 7) + Print.of_new_fact(5)
+    assert memo.current(key, now, AT) == "since"
+    # Caught up with: it is read, counted in the print, but not ranked until it holds.
+    since = since_rows([(row, detail, 5)])
+    since[0] = (*since[0][:15], later, math.inf)
+    caught = memo.caught_up(Rows(since), b"", {"org_id": "acme", "assignment_id": "a1"}, now, AT)  # type: ignore[arg-type]
+    assert isinstance(caught, Kept)
+    assert caught.scope is not None
+    assert caught.scope.document_ids == ["d0", "d1", "d2"]
+    assert "new9" not in caught.details
+    assert caught.window == (AT, later)
+    assert caught.last_seq == 9
+    assert memo.current(key, now, AT + 1) is caught
+    assert memo.current(key, now, later) == "since"
+
+
+def test_a_written_facts_validity_is_read_as_postgresql_reads_it_or_not_at_all() -> None:
+    created = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
+    us = (created - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds() * 1e6
+    assert scope_memo.written_validity({}, created) == (us, math.inf)
+    start = "2026-12-06T12:00:00.000001+00:00"
+    assert scope_memo.written_validity({"valid_from": start, "valid_to": "2026-12-07T13:00:00+01:00"}, created) == (
+        us + 1,
+        us + 86_400e6,
+    )
+    for odd in ("2026-12-06", "2026-12-06T12:00:00", "2026-12-06T12:00:00Z", "infinity", 5):
+        assert scope_memo.written_validity({"valid_from": odd}, created) is None
+        assert scope_memo.written_validity({"valid_to": odd}, created) is None
