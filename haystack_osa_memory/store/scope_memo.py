@@ -291,7 +291,10 @@ def holding(rows: Sequence[tuple[Any, ...]], at: float, validity: int) -> tuple[
     held = []
     until = math.inf
     for r in rows:
-        valid_from, valid_to = float(r[validity]), float(r[validity + 1])
+        # A bound the database could not compute holds never, as the exact path's comparison with NULL admits none.
+        valid_from, valid_to = (math.nan if v is None else float(v) for v in r[validity : validity + 2])
+        if math.isnan(valid_from) or math.isnan(valid_to):
+            continue
         if valid_from <= at < valid_to:
             held.append(r)
         if valid_from > at:

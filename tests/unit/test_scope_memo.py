@@ -391,3 +391,10 @@ def test_a_written_facts_validity_is_read_as_postgresql_reads_it_or_not_at_all()
     for odd in ("2026-12-06", "2026-12-06T12:00:00", "2026-12-06T12:00:00Z", "infinity", 5):
         assert scope_memo.written_validity({"valid_from": odd}, created) is None
         assert scope_memo.written_validity({"valid_to": odd}, created) is None
+
+
+def test_a_row_whose_validity_the_database_could_not_compute_never_holds() -> None:
+    rows = [("a", 0.0, math.inf), ("b", None, math.inf), ("c", 0.0, None), ("d", AT + 7, math.inf)]
+    held, window = scope_memo.holding(rows, AT, 1)
+    assert [r[0] for r in held] == ["a"]
+    assert window == (AT, AT + 7)
