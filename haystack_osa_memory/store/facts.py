@@ -454,9 +454,9 @@ class FactRepository(FactWriting, BigScopes):
 
     def _written(self, params: dict[str, Any], chunk_meta: dict[str, Any], row: WrittenRow) -> None:
         """A new fact that recall would rank (admitted, the facts' audience, its recall row's lexemes packed and
-        its chunk its own) joins its scope's rows kept in memory (`ScopeMemo.written`), so that the store's
-        search for the facts it may replace, and recalls after it, are answered from them while their print
-        matches."""
+        its chunk its own, its validity read as the database reads it: `written_validity`) joins its scope's rows
+        kept in memory (`ScopeMemo.written`), so that the store's search for the facts it may replace, and
+        recalls after it, are answered from them while their print matches."""
         memo = self.scope_memo
         expires_at = row.metadata.get("expires_at")
         validity = written_validity(row.metadata, row.created_at)

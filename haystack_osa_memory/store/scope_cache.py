@@ -253,9 +253,8 @@ class HeldScope:
 
     def head(self, n: int) -> HeldScope:
         """A new scope of these rows' first ``n`` (this one itself when that is all of them), this one left as it
-        is, for `extended` (its lexemes indexed when these are: `PackedTerms.head`). It shares
-        the vectors' buffer: extending it copies them first, since rows past its own are this one's
-        (`_filled`)."""
+        is, for `extended` (its lexemes indexed when these are: `PackedTerms.head`). It shares the vectors'
+        buffer: extending it copies them first, since rows past its own are this one's (`_filled`)."""
         if n == len(self):
             return self
         new = HeldScope(self.dimension)
