@@ -83,7 +83,6 @@ MEMO_MAX_FACTS = 12_000
 # facts: the rows kept carry theirs instead (`Kept.window`).
 _SCOPE = sql.SQL("m AS MATERIALIZED ({governing_rows})")
 _VERSION = sql.SQL("g.id AS document_id, g.xmin::text AS version")  # all the print reads of a row
-_VERSION_AND_DETAILS = sql.SQL(", g.xmin::text AS version, g.metadata, g.updated_at, {validity}")
 
 
 def microseconds(time: sql.Composable) -> sql.Composed:
@@ -99,6 +98,9 @@ VALIDITY = sql.SQL("{valid_from} AS valid_from_us, {valid_to} AS valid_to_us").f
 )
 #: The time a recall of the usual kind asks the facts to hold at (``now``: the transaction's), in `microseconds`.
 _AT = microseconds(sql.SQL("%(valid_at)s::timestamptz"))
+_VERSION_AND_DETAILS = sql.SQL(", g.xmin::text AS version, g.metadata, g.updated_at, {validity}").format(
+    validity=VALIDITY
+)
 # The scope's recall rows (those the scope index of `osa_fact_terms` finds, `ddl.SCOPE_SEQ_INDEX`), each with
 # its version and the columns named in ``columns``. A fact's recall row outside them (its scope columns not
 # the governing row's) is one the kept rows do without: the scope then takes the exact path.
@@ -190,7 +192,6 @@ class Statements:
         prints = {name: _PRINT.format(rows=sql.SQL(name[-1])) for name in ("print_m", "print_r", "print_c")}
         # The scope's condition but for the validity: the rows kept carry theirs (`Kept.window`).
         any_time = sql.SQL("true")
-        details = _VERSION_AND_DETAILS.format(validity=VALIDITY)
         return cls(
             print=MEMO_PRINT.format(
                 scope=_SCOPE.format(governing_rows=scope_governing_rows(names, any_time, only=_VERSION)),
@@ -201,14 +202,14 @@ class Statements:
                 **prints,
             ),
             rows=MEMO_ROWS.format(
-                scope=_SCOPE.format(governing_rows=scope_governing_rows(names, any_time, details)),
+                scope=_SCOPE.format(governing_rows=scope_governing_rows(names, any_time, _VERSION_AND_DETAILS)),
                 recall_rows=_RECALL_ROWS.format(columns=_RECALL_COLUMNS, **names),
                 chunks=_CHUNKS.format(columns=_CHUNK_COLUMNS, **names),
                 at=_AT,
                 **prints,
             ),
             since=MEMO_SINCE.format(
-                governing_rows=scope_governing_rows(names, any_time, details),
+                governing_rows=scope_governing_rows(names, any_time, _VERSION_AND_DETAILS),
                 recall_columns=_RECALL_COLUMNS,
                 **names,
             ),
@@ -257,6 +258,16 @@ Window = tuple[float, float]
 NEVER: Window = (math.inf, -math.inf)
 
 
+def within(window: Window, at: float) -> bool:
+    """Whether the time ``at`` falls in ``window``."""
+    return window[0] <= at < window[1]
+
+
+def overlap(one: Window, other: Window) -> Window:
+    """The times in both windows."""
+    return max(one[0], other[0]), min(one[1], other[1])
+
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
@@ -291,10 +302,9 @@ def holding(rows: Sequence[tuple[Any, ...]], at: float, validity: int) -> tuple[
     held = []
     until = math.inf
     for r in rows:
-        # A bound the database could not compute holds never, as the exact path's comparison with NULL admits none.
-        valid_from, valid_to = (math.nan if v is None else float(v) for v in r[validity : validity + 2])
-        if math.isnan(valid_from) or math.isnan(valid_to):
-            continue
+        if r[validity] is None or r[validity + 1] is None:
+            continue  # a bound the database could not compute: never holds, as NULL compares in the exact path
+        valid_from, valid_to = float(r[validity]), float(r[validity + 1])
         if valid_from <= at < valid_to:
             held.append(r)
         if valid_from > at:
@@ -341,7 +351,7 @@ class Kept:
 
     def holds_at(self, at: float) -> bool:
         """Whether the rows kept (and the facts pending) are the ones that hold at ``at``."""
-        return self.window[0] <= at < self.window[1]
+        return within(self.window, at)
 
     def __len__(self) -> int:
         return (len(self.scope) if self.scope is not None else 0) + len(self.pending)
@@ -533,7 +543,7 @@ class ScopeMemo:
                 last_seq=row[2],
                 read=kept.read,
                 pending=(*kept.pending, (row, detail)),
-                window=(max(kept.window[0], validity[0]), min(kept.window[1], validity[1])),
+                window=overlap(kept.window, validity),
             )
             self._facts += 1
             self.joined += 1
@@ -598,7 +608,7 @@ def _caught_up(
     is the rows read's print plus those facts' (nothing else changed: no fact read before left or changed, none
     came in before them in storing order), the rows read are the ones that hold at ``at``, and every fact that
     holds has a usable recall row and chunk."""
-    if not read.window[0] <= at < read.window[1]:
+    if not within(read.window, at):
         return None
     facts, window = holding(rows, at, _SINCE_VALIDITY)
     if not all(r[7] for r in facts):  # usable: its recall row and chunk are there, so are their hashes
@@ -607,7 +617,7 @@ def _caught_up(
     gained = Print(n, sum(int(r[12]) for r in rows), n, sum(int(r[13]) for r in rows), n, sum(int(r[14]) for r in rows))
     if read.print + gained != now:
         return None
-    window = (at, min(read.window[1], window[1]))
+    window = overlap(read.window, window)
     joined = set(scope.document_ids[read.rows :])
     held = scope.head(read.rows).extended([r[:7] for r in facts])
     held.terms = held.terms.indexed()  # no facts since: `extended` left the head as it was
